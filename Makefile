@@ -1,0 +1,19 @@
+# The two set-up commands (see README): each creates/uses .venv and installs what it needs.
+PROMPT ?= What is the capital of France?
+PYTEST_ARGS ?=
+
+.PHONY: test run setup-test setup-run
+
+setup-test:
+	bash scripts/setup.sh test
+
+setup-run:
+	bash scripts/setup.sh run
+
+# pytest exits 5 when it collects nothing: a run that tests nothing fails loudly.
+test: setup-test
+	@.venv/bin/python -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
+
+run: setup-run
+	.venv/bin/python -m radixjax.generate --prompt "$(PROMPT)"

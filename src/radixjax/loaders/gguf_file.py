@@ -1,0 +1,100 @@
+"""Load a GGUF file with the `gguf` package: metadata -> ModelConfig, tensors dequantized
+to float32.
+
+llama.cpp's converter permutes the rows of Q and K for the `llama` architecture (it
+uses interleaved RoPE pairs); we undo that so one RoPE (HF's rotate-half) serves both
+formats. GGUF matrices dequantize as (out, in); we store (in, out).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+
+from radixjax.model.config import ModelConfig
+from radixjax.model.params import Params, params_from_numpy
+
+_LAYER_NAMES = {
+    "attn_norm.weight": ("attn_norm", False),
+    "attn_q.weight": ("wq", True),
+    "attn_k.weight": ("wk", True),
+    "attn_v.weight": ("wv", True),
+    "attn_output.weight": ("wo", True),
+    "attn_q.bias": ("bq", False),
+    "attn_k.bias": ("bk", False),
+    "attn_v.bias": ("bv", False),
+    "attn_output.bias": ("bo", False),
+    "attn_q_norm.weight": ("q_norm", False),
+    "attn_k_norm.weight": ("k_norm", False),
+    "ffn_norm.weight": ("mlp_norm", False),
+    "ffn_gate.weight": ("w_gate", True),
+    "ffn_up.weight": ("w_up", True),
+    "ffn_down.weight": ("w_down", True),
+}
+_TOP_NAMES = {
+    "token_embd.weight": ("embed", False),
+    "output_norm.weight": ("final_norm", False),
+    "output.weight": ("lm_head", True),
+}
+
+
+def is_gguf_file(path: Path) -> bool:
+    return path.is_file() and path.suffix == ".gguf"
+
+
+def field_value(field: Any) -> Any:
+    """A GGUF metadata value as Python (strings decoded, 1-element arrays unwrapped)."""
+    if field.types and field.types[0] == gguf.GGUFValueType.ARRAY:
+        if field.types[-1] == gguf.GGUFValueType.STRING:
+            return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+        return [field.parts[i].tolist()[0] for i in field.data]
+    if field.types and field.types[0] == gguf.GGUFValueType.STRING:
+        return bytes(field.parts[field.data[0]]).decode("utf-8")
+    return field.parts[field.data[0]].tolist()[0]
+
+
+def read_metadata(reader: gguf.GGUFReader) -> dict[str, Any]:
+    return {name: field_value(f) for name, f in reader.fields.items()}
+
+
+def load_gguf_config(reader: gguf.GGUFReader, md: dict[str, Any]) -> ModelConfig:
+    return ModelConfig.from_gguf(md, {t.name for t in reader.tensors})
+
+
+def unpermute_rope_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
+    """Invert llama.cpp's Q/K row permutation. w: [out = heads*Dh, in] -> same shape."""
+    out_dim = w.shape[0]
+    w = w.reshape(num_heads, out_dim // num_heads // 2, 2, *w.shape[1:])
+    return w.swapaxes(1, 2).reshape(out_dim, *w.shape[3:])
+
+
+def load_gguf_params(reader: gguf.GGUFReader, cfg: ModelConfig, arch: str, dtype: Any) -> Params:
+    top: dict[str, np.ndarray] = {}
+    layers: list[dict[str, np.ndarray]] = [{} for _ in range(cfg.num_layers)]
+    for t in reader.tensors:
+        if t.name.startswith("blk."):
+            _, idx, rest = t.name.split(".", 2)
+            if rest not in _LAYER_NAMES:
+                continue
+            ours, transpose = _LAYER_NAMES[rest]
+            dest = layers[int(idx)]
+        elif t.name in _TOP_NAMES:
+            ours, transpose = _TOP_NAMES[t.name]
+            dest = top
+        else:
+            continue
+        w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        if arch == "llama" and ours in ("wq", "bq"):
+            w = unpermute_rope_rows(w, cfg.num_heads)
+        elif arch == "llama" and ours in ("wk", "bk"):
+            w = unpermute_rope_rows(w, cfg.num_kv_heads)
+        dest[ours] = w.T if transpose else w
+    return params_from_numpy(cfg, top, layers, dtype)
+
+
+def open_gguf(path: Path) -> tuple[gguf.GGUFReader, dict[str, Any]]:
+    reader = gguf.GGUFReader(str(path))
+    return reader, read_metadata(reader)

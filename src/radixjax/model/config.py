@@ -1,0 +1,189 @@
+"""Model configuration: one frozen dataclass for the Llama family, built from an HF
+`config.json` dict or from GGUF metadata.
+
+Families covered: Llama / SmolLM2 / Llama-3 (llama3 RoPE scaling), Mistral (sliding
+window), Qwen2/2.5 (q/k/v bias), Qwen3 (per-head q/k RMSNorm); GQA; tied or untied head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+class UnsupportedModelError(ValueError):
+    """The checkpoint describes a model family or feature radixjax does not implement."""
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 style frequency scaling ("rope_type": "llama3")."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2; Llama's attention_bias
+    o_bias: bool = False  # Llama's attention_bias also biases o_proj
+    mlp_bias: bool = False
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before RoPE
+    # Per layer: None for full attention, or the window (keys with pos > q_pos - window).
+    sliding_windows: tuple[int | None, ...] = field(default=())
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise UnsupportedModelError(
+                f"model_type {self.model_type!r} is not supported; "
+                f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise UnsupportedModelError(
+                f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+        if not self.sliding_windows:
+            object.__setattr__(self, "sliding_windows", (None,) * self.num_layers)
+        if len(self.sliding_windows) != self.num_layers:
+            raise UnsupportedModelError("sliding_windows must have one entry per layer")
+
+    @property
+    def q_per_kv(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
+        """Build from a parsed HF `config.json` (transformers 4.x or 5.x layout)."""
+        model_type = hf.get("model_type", "")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise UnsupportedModelError(f"model_type {model_type!r} is not supported")
+        if hf.get("hidden_act", "silu") != "silu":
+            raise UnsupportedModelError(f"hidden_act {hf['hidden_act']!r} is not supported")
+        num_heads = hf["num_attention_heads"]
+        hidden = hf["hidden_size"]
+        num_layers = hf["num_hidden_layers"]
+        rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+        rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        scaling = None
+        if rope_type == "llama3":
+            scaling = RopeScaling(
+                factor=float(rope["factor"]),
+                low_freq_factor=float(rope["low_freq_factor"]),
+                high_freq_factor=float(rope["high_freq_factor"]),
+                original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
+            )
+        elif rope_type != "default":
+            raise UnsupportedModelError(f"rope_type {rope_type!r} is not supported")
+        attention_bias = bool(hf.get("attention_bias", False))
+        eos = hf.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        return cls(
+            model_type=model_type,
+            vocab_size=hf["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=hf["intermediate_size"],
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+            head_dim=hf.get("head_dim") or hidden // num_heads,
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope_theta),
+            rope_scaling=scaling,
+            max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            qkv_bias=model_type == "qwen2" or attention_bias,
+            o_bias=model_type in ("llama", "mistral") and attention_bias,
+            mlp_bias=bool(hf.get("mlp_bias", False)),
+            qk_norm=model_type == "qwen3",
+            sliding_windows=_hf_sliding_windows(hf, model_type, num_layers),
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+        )
+
+    @classmethod
+    def from_gguf(cls, md: dict[str, Any], tensor_names: set[str]) -> ModelConfig:
+        """Build from GGUF metadata (`general.architecture` = llama / qwen2 / qwen3)."""
+        arch = md["general.architecture"]
+        model_type = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}.get(arch)
+        if model_type is None:
+            raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported")
+
+        def get(key: str, default: Any = None) -> Any:
+            return md.get(f"{arch}.{key}", default)
+
+        num_heads = int(get("attention.head_count"))
+        hidden = int(get("embedding_length"))
+        num_layers = int(get("block_count"))
+        head_dim = int(get("attention.key_length", hidden // num_heads))
+        vocab = int(get("vocab_size", len(md.get("tokenizer.ggml.tokens", ())) or 0))
+        scaling = None
+        if get("rope.scaling.type") not in (None, "none"):
+            raise UnsupportedModelError("GGUF rope scaling is not supported")
+        eos = md.get("tokenizer.ggml.eos_token_id")
+        window = get("attention.sliding_window")
+        return cls(
+            model_type=model_type,
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=int(get("feed_forward_length")),
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=int(get("attention.head_count_kv", num_heads)),
+            head_dim=head_dim,
+            rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+            rope_theta=float(get("rope.freq_base", 10000.0)),
+            rope_scaling=scaling,
+            max_position_embeddings=int(get("context_length", 2048)),
+            tie_word_embeddings="output.weight" not in tensor_names,
+            qkv_bias="blk.0.attn_q.bias" in tensor_names,
+            o_bias="blk.0.attn_output.bias" in tensor_names,
+            qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
+            sliding_windows=(int(window) if window else None,) * num_layers,
+            bos_token_id=md.get("tokenizer.ggml.bos_token_id"),
+            eos_token_ids=(int(eos),) if eos is not None else (),
+        )
+
+
+def _hf_sliding_windows(
+    hf: dict[str, Any], model_type: str, num_layers: int
+) -> tuple[int | None, ...]:
+    window = hf.get("sliding_window")
+    if not window:
+        return (None,) * num_layers
+    layer_types = hf.get("layer_types")
+    if layer_types:
+        return tuple(window if t == "sliding_attention" else None for t in layer_types)
+    if model_type == "mistral":
+        return (window,) * num_layers
+    if hf.get("use_sliding_window"):  # Qwen2/3 without layer_types: layers >= max_window_layers
+        first = hf.get("max_window_layers", num_layers)
+        return tuple(window if i >= first else None for i in range(num_layers))
+    return (None,) * num_layers

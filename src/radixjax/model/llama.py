@@ -1,0 +1,87 @@
+"""The Llama-family forward pass over a ragged batch: a pure function of
+(params, kv pool, batch); the caller jits it and donates the pool."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from radixjax.model.attention import AttentionBackend, AttentionMetadata, BatchShape
+from radixjax.model.config import ModelConfig
+from radixjax.model.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
+from radixjax.model.params import Params
+
+KVPool = list[tuple[jax.Array, jax.Array]]  # per layer (k, v), each [num_slots, Hkv, Dh]
+
+
+def init_kv_pool(cfg: ModelConfig, num_slots: int, dtype: jnp.dtype) -> KVPool:
+    shape = (num_slots, cfg.num_kv_heads, cfg.head_dim)
+    return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_layers)]
+
+
+def kv_pool_bytes(cfg: ModelConfig, num_slots: int, dtype: jnp.dtype) -> int:
+    return 2 * cfg.num_layers * num_slots * cfg.kv_size * jnp.dtype(dtype).itemsize
+
+
+def _attention_block(
+    lp: Params, x: jax.Array, kv: tuple[jax.Array, jax.Array], md: AttentionMetadata,
+    cos: jax.Array, sin: jax.Array, cfg: ModelConfig, shape: BatchShape,
+    backend: AttentionBackend, window: int | None,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    t = x.shape[0]
+    h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
+    q = linear(h, lp["wq"], lp.get("bq")).reshape(t, cfg.num_heads, cfg.head_dim)
+    k = linear(h, lp["wk"], lp.get("bk")).reshape(t, cfg.num_kv_heads, cfg.head_dim)
+    v = linear(h, lp["wv"], lp.get("bv")).reshape(t, cfg.num_kv_heads, cfg.head_dim)
+    if cfg.qk_norm:
+        q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
+        k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    o, k_pool, v_pool = backend(
+        q, k, v, kv[0], kv[1], md, shape, window, cfg.head_dim**-0.5
+    )
+    return linear(o.reshape(t, cfg.q_size), lp["wo"], lp.get("bo")), (k_pool, v_pool)
+
+
+def _mlp_block(lp: Params, x: jax.Array, cfg: ModelConfig) -> jax.Array:
+    h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
+    gate = jax.nn.silu(linear(h, lp["w_gate"], lp.get("b_gate")))
+    return linear(gate * linear(h, lp["w_up"], lp.get("b_up")), lp["w_down"], lp.get("b_down"))
+
+
+def lm_head(params: Params, h: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """h: [N, D] f32 -> logits [N, V] f32 (tied heads reuse the embedding [V, D])."""
+    if cfg.tie_word_embeddings:
+        w = params["embed"]
+        return jnp.einsum("nd,vd->nv", h.astype(w.dtype), w, preferred_element_type=jnp.float32)
+    return linear(h, params["lm_head"])
+
+
+def forward(
+    params: Params,
+    kv: KVPool,
+    input_ids: jax.Array,  # [T] int32
+    md: AttentionMetadata,
+    *,
+    cfg: ModelConfig,
+    shape: BatchShape,
+    backend: AttentionBackend,
+    all_logits: bool = False,
+) -> tuple[jax.Array, KVPool]:
+    """Returns (logits, new kv pool). Logits are [B, V] at each request's last new token,
+    or [T, V] for every token when `all_logits` (parity tests, prompt logprobs)."""
+    x = params["embed"][input_ids].astype(jnp.float32)  # [T, D]
+    cos, sin = rope_cos_sin(md.positions, rope_inv_freq(cfg))
+    new_kv: KVPool = []
+    for i, lp in enumerate(params["layers"]):
+        attn, layer_kv = _attention_block(
+            lp, x, kv[i], md, cos, sin, cfg, shape, backend, cfg.sliding_windows[i]
+        )
+        new_kv.append(layer_kv)
+        x = x + attn
+        x = x + _mlp_block(lp, x, cfg)
+    x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+    if not all_logits:
+        last = jnp.maximum(md.q_start + md.q_len - 1, 0)  # [B]
+        x = x[last]
+    return lm_head(params, x, cfg), new_kv

@@ -1,0 +1,120 @@
+"""The parameter pytree and its one abstract description.
+
+Params are a plain nested dict (a pytree):
+
+    {"embed": [V, D], "final_norm": [D], "lm_head": [D, V] (untied only),
+     "layers": [ {"attn_norm": [D], "wq": [D, Hq*Dh], "wk": [D, Hkv*Dh], "wv": [D, Hkv*Dh],
+                  "wo": [Hq*Dh, D], "mlp_norm": [D], "w_gate": [D, F], "w_up": [D, F],
+                  "w_down": [F, D], optional "bq"/"bk"/"bv"/"bo", "q_norm"/"k_norm" [Dh]} ] }
+
+Matrices are stored (in, out) so the forward is `x @ w`. `param_specs(cfg)` gives every
+leaf's shape, dtype and logical axes; init, loading and (later) sharding derive from it.
+Per-layer arrays (a list, not a stacked `[L, ...]` array): on CPU the unrolled layer loop
+over separate arrays ran fastest (shared/DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from radixjax.model.config import ModelConfig
+
+Params = dict[str, Any]
+
+
+class ParamSpec(NamedTuple):
+    shape: tuple[int, ...]
+    logical_axes: tuple[str, ...]  # e.g. ("embed", "heads"); used by the sharding rules
+    is_norm: bool = False  # norm weights stay float32 whatever the weight dtype
+
+
+def layer_specs(cfg: ModelConfig) -> dict[str, ParamSpec]:
+    d, f = cfg.hidden_size, cfg.intermediate_size
+    specs = {
+        "attn_norm": ParamSpec((d,), ("embed",), True),
+        "wq": ParamSpec((d, cfg.q_size), ("embed", "q_heads")),
+        "wk": ParamSpec((d, cfg.kv_size), ("embed", "kv_heads")),
+        "wv": ParamSpec((d, cfg.kv_size), ("embed", "kv_heads")),
+        "wo": ParamSpec((cfg.q_size, d), ("q_heads", "embed")),
+        "mlp_norm": ParamSpec((d,), ("embed",), True),
+        "w_gate": ParamSpec((d, f), ("embed", "mlp")),
+        "w_up": ParamSpec((d, f), ("embed", "mlp")),
+        "w_down": ParamSpec((f, d), ("mlp", "embed")),
+    }
+    if cfg.qkv_bias:
+        specs["bq"] = ParamSpec((cfg.q_size,), ("q_heads",), True)
+        specs["bk"] = ParamSpec((cfg.kv_size,), ("kv_heads",), True)
+        specs["bv"] = ParamSpec((cfg.kv_size,), ("kv_heads",), True)
+    if cfg.o_bias:
+        specs["bo"] = ParamSpec((d,), ("embed",), True)
+    if cfg.mlp_bias:
+        specs["b_gate"] = ParamSpec((f,), ("mlp",), True)
+        specs["b_up"] = ParamSpec((f,), ("mlp",), True)
+        specs["b_down"] = ParamSpec((d,), ("embed",), True)
+    if cfg.qk_norm:
+        specs["q_norm"] = ParamSpec((cfg.head_dim,), ("head_dim",), True)
+        specs["k_norm"] = ParamSpec((cfg.head_dim,), ("head_dim",), True)
+    return specs
+
+
+def top_specs(cfg: ModelConfig) -> dict[str, ParamSpec]:
+    specs = {
+        "embed": ParamSpec((cfg.vocab_size, cfg.hidden_size), ("vocab", "embed")),
+        "final_norm": ParamSpec((cfg.hidden_size,), ("embed",), True),
+    }
+    if not cfg.tie_word_embeddings:
+        specs["lm_head"] = ParamSpec((cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"))
+    return specs
+
+
+def leaf_dtype(spec: ParamSpec, dtype: jnp.dtype) -> jnp.dtype:
+    return jnp.float32 if spec.is_norm else dtype
+
+
+def init_params(cfg: ModelConfig, key: jax.Array, dtype: Any = jnp.float32) -> Params:
+    """Random params (normal * 0.02, norms around 1): for tests and benchmarks."""
+
+    def init(spec: ParamSpec, k: jax.Array) -> jax.Array:
+        if spec.is_norm:
+            return (1.0 + 0.1 * jax.random.normal(k, spec.shape)).astype(jnp.float32)
+        return (0.02 * jax.random.normal(k, spec.shape)).astype(dtype)
+
+    keys = iter(jax.random.split(key, 4 + cfg.num_layers * 32))
+    params: Params = {name: init(s, next(keys)) for name, s in top_specs(cfg).items()}
+    params["layers"] = [
+        {name: init(s, next(keys)) for name, s in layer_specs(cfg).items()}
+        for _ in range(cfg.num_layers)
+    ]
+    return params
+
+
+def params_from_numpy(
+    cfg: ModelConfig, arrays: dict[str, np.ndarray], layers: list[dict[str, np.ndarray]],
+    dtype: Any,
+) -> Params:
+    """Check every leaf against its spec and move it to the device in its dtype."""
+
+    def put(name: str, spec: ParamSpec, arr: np.ndarray) -> jax.Array:
+        if tuple(arr.shape) != spec.shape:
+            raise ValueError(f"weight {name}: shape {arr.shape}, expected {spec.shape}")
+        return jnp.asarray(arr, dtype=leaf_dtype(spec, dtype))
+
+    def take(source: dict[str, np.ndarray], specs: dict[str, ParamSpec], where: str) -> Params:
+        missing = set(specs) - set(source)
+        if missing:
+            raise ValueError(f"checkpoint is missing {where} weights: {sorted(missing)}")
+        return {name: put(f"{where}.{name}", s, source[name]) for name, s in specs.items()}
+
+    params = take(arrays, top_specs(cfg), "model")
+    if len(layers) != cfg.num_layers:
+        raise ValueError(f"checkpoint has {len(layers)} layers, config says {cfg.num_layers}")
+    params["layers"] = [take(lw, layer_specs(cfg), f"layers.{i}") for i, lw in enumerate(layers)]
+    return params
+
+
+def num_param_bytes(params: Params) -> int:
+    return sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(params))

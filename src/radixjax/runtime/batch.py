@@ -1,0 +1,107 @@
+"""Host-side (numpy) step batch: pack requests' new tokens along one axis, pad every size
+to a bucket, and point padding at the dummy slot 0."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from radixjax.model.attention import AttentionMetadata, BatchShape
+
+DUMMY_SLOT = 0
+
+
+class BucketError(ValueError):
+    """A step is larger than the largest configured bucket."""
+
+
+def pow2_buckets(lo: int, hi: int) -> tuple[int, ...]:
+    """Powers of two from lo up to and including hi (hi itself is added if not a power)."""
+    out, n = [], lo
+    while n < hi:
+        out.append(n)
+        n *= 2
+    out.append(hi)
+    return tuple(out)
+
+
+def pick_bucket(n: int, buckets: tuple[int, ...], what: str) -> int:
+    for b in buckets:
+        if b >= n:
+            return b
+    raise BucketError(f"{what}={n} exceeds the largest bucket {buckets[-1]}")
+
+
+@dataclass(frozen=True)
+class Buckets:
+    tokens: tuple[int, ...]  # T
+    reqs: tuple[int, ...]  # B
+    kv: tuple[int, ...]  # K
+
+    @staticmethod
+    def default(max_tokens: int, max_reqs: int, max_context: int) -> Buckets:
+        return Buckets(
+            tokens=pow2_buckets(1, max_tokens),
+            reqs=pow2_buckets(1, max_reqs),
+            kv=pow2_buckets(min(128, max_context), max_context),
+        )
+
+    def shape_for(self, num_tokens: int, num_reqs: int, max_q: int, max_kv: int) -> BatchShape:
+        t = pick_bucket(num_tokens, self.tokens, "tokens")
+        return BatchShape(
+            num_tokens=t,
+            num_reqs=pick_bucket(num_reqs, self.reqs, "requests"),
+            max_q=min(pick_bucket(max_q, self.tokens, "q_len"), t),
+            max_kv=pick_bucket(max_kv, self.kv, "kv_len"),
+        )
+
+
+class RequestSlice(NamedTuple):
+    """One request's share of a step."""
+
+    new_tokens: np.ndarray  # [q_len] int32, tokens at positions kv_len-q_len .. kv_len-1
+    kv_slots: np.ndarray  # [kv_len] int32, slot of every position 0..kv_len-1 (a
+    # req_to_token row); the last q_len entries are where the new tokens' K/V go
+
+
+class HostBatch(NamedTuple):
+    input_ids: np.ndarray  # [T] int32
+    md: AttentionMetadata  # fields as numpy arrays
+    shape: BatchShape
+    num_reqs: int  # real (unpadded) requests
+
+
+def build_batch(reqs: list[RequestSlice], buckets: Buckets) -> HostBatch:
+    if not reqs:
+        raise ValueError("a step needs at least one request")
+    q_lens = [len(r.new_tokens) for r in reqs]
+    kv_lens = [len(r.kv_slots) for r in reqs]
+    for q, k in zip(q_lens, kv_lens, strict=True):
+        if q < 1 or k < q:
+            raise ValueError(f"bad request slice: q_len={q}, kv_len={k}")
+    shape = buckets.shape_for(sum(q_lens), len(reqs), max(q_lens), max(kv_lens))
+    t, b = shape.num_tokens, shape.num_reqs
+
+    input_ids = np.zeros(t, np.int32)
+    positions = np.zeros(t, np.int32)
+    out_slots = np.full(t, DUMMY_SLOT, np.int32)
+    token_req = np.zeros(t, np.int32)
+    q_start = np.zeros(b, np.int32)
+    q_len = np.zeros(b, np.int32)
+    kv_len = np.zeros(b, np.int32)
+    kv_slots = np.full((b, shape.max_kv), DUMMY_SLOT, np.int32)
+    start = 0
+    for i, (r, q, k) in enumerate(zip(reqs, q_lens, kv_lens, strict=True)):
+        end = start + q
+        input_ids[start:end] = r.new_tokens
+        positions[start:end] = np.arange(k - q, k)
+        out_slots[start:end] = r.kv_slots[k - q :]
+        token_req[start:end] = i
+        q_start[i], q_len[i], kv_len[i] = start, q, k
+        kv_slots[i, :k] = r.kv_slots
+        start = end
+    q_start[len(reqs) :] = start  # padded requests: empty range at the end
+    md = AttentionMetadata(positions, out_slots, token_req, q_start, q_len, kv_len, kv_slots)
+    return HostBatch(input_ids, md, shape, len(reqs))

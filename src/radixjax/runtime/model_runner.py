@@ -1,0 +1,172 @@
+"""ModelRunner: owns the params and the device KV pool, and runs one jitted, donated step
+per batch. Steps are dispatched asynchronously: `step` returns device arrays at once."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from radixjax.model.attention import AttentionMetadata, BatchShape, get_backend
+from radixjax.model.config import ModelConfig
+from radixjax.model.llama import KVPool, forward, init_kv_pool
+from radixjax.model.params import Params
+from radixjax.runtime.batch import DUMMY_SLOT, Buckets, HostBatch
+from radixjax.sampling.params import MAX_TOP_LOGPROBS, SamplingArrays
+from radixjax.sampling.sampler import SampleOutput, sample
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    num_slots: int = 16384  # KV pool rows, including the dummy slot 0
+    max_batch_tokens: int = 2048  # largest T bucket (chunked prefill keeps steps under it)
+    max_running: int = 64  # largest B bucket
+    max_context: int = 4096  # largest K bucket; also the longest request
+    attention_backend: str = "native"
+    kv_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.kv_dtype not in DTYPES:
+            raise ValueError(f"kv_dtype must be one of {sorted(DTYPES)}")
+        if self.num_slots < 2:
+            raise ValueError("num_slots must be >= 2 (slot 0 is the padding dummy)")
+        get_backend(self.attention_backend)
+
+    @property
+    def buckets(self) -> Buckets:
+        return Buckets.default(self.max_batch_tokens, self.max_running, self.max_context)
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """Static per-step choices; each distinct value is its own compiled program."""
+
+    do_sample: bool = False  # False: every row greedy, skip the sort
+    return_logprobs: bool = False
+    num_top_logprobs: int = 0
+
+
+class StepKey(NamedTuple):
+    shape: BatchShape
+    opts: StepOptions
+
+
+def _step(
+    params: Params, kv: KVPool, input_ids: jax.Array, md: AttentionMetadata,
+    sp: SamplingArrays, *, cfg: ModelConfig, shape: BatchShape, backend: str,
+    opts: StepOptions,
+) -> tuple[SampleOutput, KVPool]:
+    logits, kv = forward(
+        params, kv, input_ids, md, cfg=cfg, shape=shape, backend=get_backend(backend)
+    )
+    out = sample(
+        logits, sp, md.kv_len, do_sample=opts.do_sample,
+        num_top_logprobs=opts.num_top_logprobs, return_logprobs=opts.return_logprobs,
+    )
+    return out, kv
+
+
+def _all_logits(
+    params: Params, kv: KVPool, input_ids: jax.Array, md: AttentionMetadata, *,
+    cfg: ModelConfig, shape: BatchShape, backend: str,
+) -> tuple[jax.Array, KVPool]:
+    return forward(
+        params, kv, input_ids, md, cfg=cfg, shape=shape, backend=get_backend(backend),
+        all_logits=True,
+    )
+
+
+class ModelRunner:
+    """Mutates only `self.kv` (replaced by each donated step's output)."""
+
+    def __init__(self, cfg: ModelConfig, params: Params, config: RunnerConfig) -> None:
+        self.cfg = cfg
+        self.params = params
+        self.config = config
+        self.buckets = config.buckets
+        self.kv: KVPool = init_kv_pool(cfg, config.num_slots, DTYPES[config.kv_dtype])
+        statics = dict(cfg=cfg, backend=config.attention_backend)
+        self._step = jax.jit(
+            partial(_step, **statics), static_argnames=("shape", "opts"), donate_argnames="kv"
+        )
+        self._logits = jax.jit(
+            partial(_all_logits, **statics), static_argnames="shape", donate_argnames="kv"
+        )
+        self._seen: set[StepKey] = set()
+        self.is_warm = False
+        self.num_late_compiles = 0  # compiles after warm-up: each one is a bucket bug
+
+    def _note_compile(self, key: StepKey) -> None:
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        if self.is_warm:
+            self.num_late_compiles += 1
+            log.warning("compiling a step after warm-up: %s", key)
+
+    def step(self, batch: HostBatch, sp: SamplingArrays, opts: StepOptions) -> SampleOutput:
+        """Dispatch one step; returns device arrays without waiting for them."""
+        if opts.num_top_logprobs > MAX_TOP_LOGPROBS:
+            raise ValueError(f"num_top_logprobs must be <= {MAX_TOP_LOGPROBS}")
+        self._note_compile(StepKey(batch.shape, opts))
+        ids, md, sp = jax.device_put((batch.input_ids, batch.md, sp))
+        out, self.kv = self._step(self.params, self.kv, ids, md, sp, shape=batch.shape, opts=opts)
+        return out
+
+    def all_logits(self, batch: HostBatch) -> np.ndarray:
+        """[real tokens, V] logits of every new token (tests and prompt logprobs)."""
+        ids, md = jax.device_put((batch.input_ids, batch.md))
+        logits, self.kv = self._logits(self.params, self.kv, ids, md, shape=batch.shape)
+        num_real = int(batch.md.q_len.sum())
+        return np.asarray(logits[:num_real])
+
+    def warmup(self, keys: Iterable[StepKey], progress: bool = True) -> None:
+        """Compile (or load from the persistent cache) every given step shape, running
+        each once on an all-padding batch that only touches the dummy slot."""
+        keys = list(keys)
+        for key in tqdm(keys, desc="compiling step buckets", disable=not progress):
+            self._note_compile(key)
+            batch = _padding_batch(key.shape)
+            sp = SamplingArrays.build([], [], key.shape.num_reqs)
+            ids, md, sp = jax.device_put((batch.input_ids, batch.md, sp))
+            out, self.kv = self._step(
+                self.params, self.kv, ids, md, sp, shape=key.shape, opts=key.opts
+            )
+            jax.block_until_ready(out.tokens)
+        self.is_warm = True
+
+    def default_warmup_keys(self, max_decode_kv: int | None = None) -> list[StepKey]:
+        """Greedy decode shapes (T = B) for every B and K bucket up to `max_decode_kv`,
+        and single-request prefill shapes for every T bucket."""
+        b = self.buckets
+        kmax = max_decode_kv or b.kv[-1]
+        keys = [
+            StepKey(BatchShape(n, n, 1, k), StepOptions())
+            for n in b.reqs for k in b.kv if k <= kmax and n in b.tokens
+        ]
+        for t in b.tokens:
+            k = min(kv for kv in b.kv if kv >= t) if t <= b.kv[-1] else None
+            if k is not None:
+                keys.append(StepKey(BatchShape(t, 1, t, k), StepOptions()))
+        return sorted(set(keys), key=lambda k: (k.shape.num_tokens, k.shape.max_kv))
+
+
+def _padding_batch(shape: BatchShape) -> HostBatch:
+    t, b = shape.num_tokens, shape.num_reqs
+    z = partial(np.zeros, dtype=np.int32)
+    md = AttentionMetadata(
+        positions=z(t), out_slots=np.full(t, DUMMY_SLOT, np.int32), token_req=z(t),
+        q_start=z(b), q_len=z(b), kv_len=z(b), kv_slots=z((b, shape.max_kv)),
+    )
+    return HostBatch(z(t), md, shape, 0)

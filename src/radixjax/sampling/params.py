@@ -1,0 +1,77 @@
+"""Per-request sampling parameters (host side, validated once) and their padded,
+per-batch array form that the jitted sampler consumes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
+
+
+class SamplingParamsError(ValueError):
+    """A sampling parameter is out of range or of the wrong type."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 means greedy; top_k <= 0 means no top-k cut; seed None means the
+    engine picks one (so outputs are still reproducible from its logs)."""
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, msg: str) -> None:
+            if not ok:
+                raise SamplingParamsError(msg)
+
+        check(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
+              f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        check(isinstance(self.temperature, int | float) and 0.0 <= self.temperature <= 100.0,
+              f"temperature must be in [0, 100], got {self.temperature!r}")
+        check(isinstance(self.top_k, int), f"top_k must be an integer, got {self.top_k!r}")
+        check(isinstance(self.top_p, int | float) and 0.0 < self.top_p <= 1.0,
+              f"top_p must be in (0, 1], got {self.top_p!r}")
+        check(isinstance(self.min_p, int | float) and 0.0 <= self.min_p <= 1.0,
+              f"min_p must be in [0, 1], got {self.min_p!r}")
+        check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**31),
+              f"seed must be an integer in [0, 2^31), got {self.seed!r}")
+        check(isinstance(self.top_logprobs, int)
+              and 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS,
+              f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+class SamplingArrays(NamedTuple):
+    """[B] arrays, one row per request of the step (padded rows are greedy)."""
+
+    temperature: np.ndarray  # [B] f32
+    top_k: np.ndarray  # [B] int32, <= 0: off
+    top_p: np.ndarray  # [B] f32
+    min_p: np.ndarray  # [B] f32
+    seed: np.ndarray  # [B] int32
+
+    @staticmethod
+    def build(params: list[SamplingParams], seeds: list[int], num_rows: int) -> SamplingArrays:
+        pad = num_rows - len(params)
+        return SamplingArrays(
+            temperature=np.array([p.temperature for p in params] + [0.0] * pad, np.float32),
+            top_k=np.array([p.top_k for p in params] + [-1] * pad, np.int32),
+            top_p=np.array([p.top_p for p in params] + [1.0] * pad, np.float32),
+            min_p=np.array([p.min_p for p in params] + [0.0] * pad, np.float32),
+            seed=np.array(list(seeds) + [0] * pad, np.int32),
+        )

@@ -1,0 +1,39 @@
+"""Shared fixtures: tiny random models of every supported family, saved as real HF
+folders (config.json + model.safetensors) by HF transformers itself."""
+
+from __future__ import annotations
+
+import os
+
+# Tests run on the CPU with a persistent compile cache of their own.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault(
+    "RADIXJAX_JAX_CACHE", os.path.join(os.path.dirname(__file__), "..", ".jax_cache")
+)
+
+import pytest  # noqa: E402
+
+from tests.tiny_models import FAMILIES, save_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _compile_cache() -> None:
+    from radixjax.runtime.compile_cache import enable_persistent_cache
+
+    enable_persistent_cache()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
+    """tiny_model_dir(family) -> Path of a saved HF folder (cached per session)."""
+    cache: dict[str, object] = {}
+
+    def make(family: str):
+        if family not in cache:
+            cache[family] = save_tiny_model(family, tmp_path_factory.mktemp(family))
+        return cache[family]
+
+    return make
+
+
+__all__ = ["FAMILIES"]

@@ -1,0 +1,54 @@
+"""Tiny random configs of each family, written as HF folders by transformers (torch is
+the test-only reference)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+_COMMON: dict[str, Any] = dict(
+    vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    max_position_embeddings=256, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
+)
+
+# family -> (transformers config class name, extra kwargs)
+FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=4,
+                                  tie_word_embeddings=True, attention_bias=True,
+                                  mlp_bias=True)),
+    "llama3": ("LlamaConfig", dict(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 64})),
+    "mistral": ("MistralConfig", dict(num_attention_heads=8, num_key_value_heads=1,
+                                      sliding_window=7, tie_word_embeddings=False)),
+    "qwen2": ("Qwen2Config", dict(num_attention_heads=8, num_key_value_heads=2,
+                                  tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                  tie_word_embeddings=False)),
+}
+
+
+def make_tiny_hf_model(family: str, seed: int = 0) -> Any:
+    import torch
+    import transformers
+
+    cls_name, extra = FAMILIES[family]
+    config = getattr(transformers, cls_name)(**_COMMON, **extra)
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # default init is tiny; larger weights make the test sharper
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(0.15 * torch.randn_like(p))
+    return model.eval()
+
+
+def save_tiny_model(family: str, folder: Path) -> Path:
+    model = make_tiny_hf_model(family)
+    model.save_pretrained(folder)
+    return folder
