@@ -37,3 +37,11 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
 
 
 __all__ = ["FAMILIES"]
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The default model (SmolLM2-135M-Instruct Q4_1 GGUF), loaded once per session."""
+    from radixjax.loaders import load_model
+
+    return load_model(None)

@@ -7,11 +7,12 @@ import argparse
 import sys
 import time
 
-from radixjax.loaders import load_model
+from radixjax.loaders import ModelNotFoundError, load_model
+from radixjax.model.config import UnsupportedModelError
 from radixjax.runtime.compile_cache import enable_persistent_cache
 from radixjax.runtime.model_runner import DTYPES, ModelRunner, RunnerConfig
-from radixjax.runtime.simple_generate import generate_tokens
-from radixjax.sampling.params import SamplingParams
+from radixjax.runtime.simple_generate import PromptTooLongError, generate_tokens
+from radixjax.sampling.params import SamplingParams, SamplingParamsError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -34,6 +35,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        return run(args)
+    except (ModelNotFoundError, UnsupportedModelError, SamplingParamsError,
+            PromptTooLongError) as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+
+
+def run(args: argparse.Namespace) -> int:
     enable_persistent_cache()
     t0 = time.perf_counter()
     m = load_model(args.model, dtype=args.dtype)

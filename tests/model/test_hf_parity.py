@@ -38,7 +38,7 @@ def test_logits_match_hf(family: str, tiny_model_dir) -> None:
     seqs = [list(rng.integers(3, m.cfg.vocab_size, n)) for n in (5, 17, 11)]
     rows = [slots.take(len(s) + 8) for s in seqs]
     batch = build_batch(
-        [RequestSlice(np.array(s, np.int32), r[: len(s)]) for s, r in zip(seqs, rows)],
+        [RequestSlice(np.array(s, np.int32), r[: len(s)]) for s, r in zip(seqs, rows, strict=True)],
         runner.buckets,
     )
     ours = runner.all_logits(batch)
@@ -52,12 +52,12 @@ def test_logits_match_hf(family: str, tiny_model_dir) -> None:
         batch = build_batch(
             [
                 RequestSlice(np.array([t], np.int32), r[: len(s) + 1])
-                for s, r, t in zip(seqs, rows, new)
+                for s, r, t in zip(seqs, rows, new, strict=True)
             ],
             runner.buckets,
         )
         ours = runner.all_logits(batch)
-        for s, t in zip(seqs, new):
+        for s, t in zip(seqs, new, strict=True):
             s.append(t)
         ref = np.stack([hf_logits(hf, s)[-1] for s in seqs])
         assert rel_err(ours, ref) < TOL

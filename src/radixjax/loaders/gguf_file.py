@@ -37,7 +37,7 @@ _LAYER_NAMES = {
 _TOP_NAMES = {
     "token_embd.weight": ("embed", False),
     "output_norm.weight": ("final_norm", False),
-    "output.weight": ("lm_head", True),
+    "output.weight": ("lm_head", False),  # kept [V, D]
 }
 
 

@@ -38,7 +38,7 @@ _LAYER_NAMES = {
 _TOP_NAMES = {
     "model.embed_tokens.weight": ("embed", False),
     "model.norm.weight": ("final_norm", False),
-    "lm_head.weight": ("lm_head", True),
+    "lm_head.weight": ("lm_head", False),  # kept [V, D]
 }
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 

@@ -2,13 +2,16 @@
 
 Params are a plain nested dict (a pytree):
 
-    {"embed": [V, D], "final_norm": [D], "lm_head": [D, V] (untied only),
+    {"embed": [V, D], "final_norm": [D], "lm_head": [V, D] (untied only),
      "layers": [ {"attn_norm": [D], "wq": [D, Hq*Dh], "wk": [D, Hkv*Dh], "wv": [D, Hkv*Dh],
-                  "wo": [Hq*Dh, D], "mlp_norm": [D], "w_gate": [D, F], "w_up": [D, F],
+                  "wo": [Hq*Dh, D], "mlp_norm": [D],
+                  "w_gate": [D, F], "w_up": [D, F],
                   "w_down": [F, D], optional "bq"/"bk"/"bv"/"bo", "q_norm"/"k_norm" [Dh]} ] }
 
-Matrices are stored (in, out) so the forward is `x @ w`. `param_specs(cfg)` gives every
-leaf's shape, dtype and logical axes; init, loading and (later) sharding derive from it.
+Matrices are stored (in, out) so the forward is `x @ w`, except the output head, kept
+(V, D) like the embedding it may be tied to (see `lm_head` in llama.py). `layer_specs` and
+`top_specs` give every leaf's shape and logical axes; init, loading and (later) sharding
+derive from them.
 Per-layer arrays (a list, not a stacked `[L, ...]` array): on CPU the unrolled layer loop
 over separate arrays ran fastest (shared/DESIGN.md §3).
 """
@@ -67,7 +70,7 @@ def top_specs(cfg: ModelConfig) -> dict[str, ParamSpec]:
         "final_norm": ParamSpec((cfg.hidden_size,), ("embed",), True),
     }
     if not cfg.tie_word_embeddings:
-        specs["lm_head"] = ParamSpec((cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"))
+        specs["lm_head"] = ParamSpec((cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"))
     return specs
 
 

@@ -15,6 +15,6 @@ def enable_persistent_cache(path: str | None = None) -> str:
     path = path or os.environ.get("RADIXJAX_JAX_CACHE") or DEFAULT_DIR
     os.makedirs(path, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return path

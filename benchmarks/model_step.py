@@ -1,0 +1,106 @@
+"""Model step speed on the default model (SmolLM2-135M): decode step time at batch
+1/8/32/64 (context 512) and prefill tokens/s at 512 and 2048 tokens, float32 vs bfloat16
+weights, next to the memory-bandwidth floor (weight bytes / measured read bandwidth).
+
+    .venv/bin/python benchmarks/model_step.py [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from radixjax.loaders import load_model
+from radixjax.model.params import num_param_bytes
+from radixjax.runtime.batch import RequestSlice, build_batch
+from radixjax.runtime.compile_cache import enable_persistent_cache
+from radixjax.runtime.model_runner import ModelRunner, RunnerConfig, StepOptions
+from radixjax.sampling.params import SamplingArrays, SamplingParams
+
+CONTEXT = 512
+
+
+def read_bandwidth(num_bytes: int = 1 << 29, reps: int = 5) -> float:
+    """Bytes/s of a jitted full read (a sum over a 512 MiB array): what a decode step
+    that streams every weight once cannot beat."""
+    x = jnp.ones(num_bytes // 4, jnp.float32)
+    f = jax.jit(jnp.sum)
+    f(x).block_until_ready()
+    t = time.perf_counter()
+    for _ in range(reps):
+        f(x).block_until_ready()
+    return num_bytes * reps / (time.perf_counter() - t)
+
+
+def time_steps(runner: ModelRunner, reqs: list[RequestSlice], steps: int) -> float:
+    batch = build_batch(reqs, runner.buckets)
+    sp = SamplingArrays.build([SamplingParams(temperature=0)] * len(reqs),
+                              [0] * len(reqs), batch.shape.num_reqs)
+    runner.step(batch, sp, StepOptions()).tokens.block_until_ready()  # compile
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        runner.step(batch, sp, StepOptions()).tokens.block_until_ready()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def bench_dtype(dtype: str, steps: int) -> dict[str, float]:
+    m = load_model(None, dtype=dtype, load_tokenizer=False)
+    rng = np.random.default_rng(0)
+    runner = ModelRunner(m.cfg, m.params, RunnerConfig(
+        num_slots=64 * CONTEXT + 1, max_batch_tokens=2048, max_running=64,
+        max_context=2048, kv_dtype=dtype))
+    out: dict[str, float] = {"weight_bytes": num_param_bytes(m.params)}
+    for b in (1, 8, 32, 64):
+        reqs = [
+            RequestSlice(rng.integers(0, m.cfg.vocab_size, 1).astype(np.int32),
+                         (1 + i * CONTEXT + np.arange(CONTEXT)).astype(np.int32))
+            for i in range(b)
+        ]
+        out[f"decode_b{b}"] = time_steps(runner, reqs, steps)
+    for n in (512, 2048):
+        reqs = [RequestSlice(rng.integers(0, m.cfg.vocab_size, n).astype(np.int32),
+                             np.arange(1, n + 1, dtype=np.int32))]
+        out[f"prefill_{n}"] = time_steps(runner, reqs, max(3, steps // 5))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=20)
+    args = ap.parse_args()
+    enable_persistent_cache()
+    bw = read_bandwidth()
+    # bf16 is far slower on this CPU; fewer timed steps keep the run short.
+    res = {"float32": bench_dtype("float32", args.steps),
+           "bfloat16": bench_dtype("bfloat16", max(3, args.steps // 4))}
+    print(f"read bandwidth: {bw / 1e9:.1f} GB/s; jax {jax.__version__}, "
+          f"{jax.devices()[0].device_kind}")
+    print()
+    print("| measure | float32 | bfloat16 | bf16/f32 |")
+    print("|---|---|---|---|")
+    for d in ("float32", "bfloat16"):
+        floor = res[d]["weight_bytes"] / bw
+        res[d]["floor"] = floor
+    print(f"| weight bytes | {res['float32']['weight_bytes'] / 1e6:.0f} MB | "
+          f"{res['bfloat16']['weight_bytes'] / 1e6:.0f} MB | |")
+    print(f"| bandwidth floor per step | {res['float32']['floor'] * 1e3:.1f} ms | "
+          f"{res['bfloat16']['floor'] * 1e3:.1f} ms | |")
+    for b in (1, 8, 32, 64):
+        f, h = res["float32"][f"decode_b{b}"], res["bfloat16"][f"decode_b{b}"]
+        ff, hf = f / res["float32"]["floor"], h / res["bfloat16"]["floor"]
+        print(f"| decode b={b} ctx={CONTEXT}: ms/step (x floor), tok/s | "
+              f"{f * 1e3:.1f} ({ff:.1f}x), {b / f:.0f} | {h * 1e3:.1f} ({hf:.1f}x), {b / h:.0f} "
+              f"| {h / f:.2f} |")
+    for n in (512, 2048):
+        f, h = res["float32"][f"prefill_{n}"], res["bfloat16"][f"prefill_{n}"]
+        print(f"| prefill {n} tokens: tok/s | {n / f:.0f} | {n / h:.0f} | {f / h:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""ModelRunner: sampled path vs logits path, dummy-slot padding, warm-up and the
+late-compile counter, the persistent compile cache."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+
+from radixjax.loaders import load_model
+from radixjax.model.attention import BatchShape
+from radixjax.runtime.batch import RequestSlice, build_batch
+from radixjax.runtime.model_runner import StepKey, StepOptions
+from radixjax.sampling.params import SamplingArrays, SamplingParams
+from tests.model.harness import ScatteredSlots, tiny_runner
+
+
+def _greedy(n: int) -> list[SamplingParams]:
+    return [SamplingParams(temperature=0.0)] * n
+
+
+def test_step_tokens_are_argmax_of_logits_and_padding_only_hits_dummy(tiny_model_dir) -> None:
+    m = load_model(tiny_model_dir("qwen2"), load_tokenizer=False)
+    runner = tiny_runner(m.cfg, m.params, num_slots=128)
+    rng = np.random.default_rng(0)
+    slots = ScatteredSlots(128, seed=2)
+    reqs = [RequestSlice(rng.integers(3, 200, n).astype(np.int32), slots.take(n))
+            for n in (3, 9, 6)]
+    used = np.concatenate([r.kv_slots for r in reqs])
+    reference = tiny_runner(m.cfg, m.params, num_slots=128)
+    logits = reference.all_logits(build_batch(reqs, runner.buckets))
+    last = np.cumsum([len(r.new_tokens) for r in reqs]) - 1
+    batch = build_batch(reqs, runner.buckets)
+    assert batch.shape.num_tokens == 32 and batch.shape.num_reqs == 4  # real padding
+    out = runner.step(batch, SamplingArrays.build(_greedy(3), [0] * 3, 4), StepOptions(
+        return_logprobs=True, num_top_logprobs=3))
+    np.testing.assert_array_equal(np.asarray(out.tokens)[:3], logits[last].argmax(-1))
+    np.testing.assert_array_equal(np.asarray(out.top_ids)[:3, 0], logits[last].argmax(-1))
+    # Every pool row is still zero except the request's slots and the dummy slot 0.
+    k0 = np.asarray(runner.kv[0][0])
+    written = set(np.flatnonzero(np.abs(k0).sum(axis=(1, 2)) > 0).tolist())
+    assert written - {0} == set(used.tolist())
+    assert 0 in written  # the padded tokens went to the dummy slot
+
+
+def test_warmup_then_late_compiles_are_counted(tiny_model_dir) -> None:
+    m = load_model(tiny_model_dir("llama"), load_tokenizer=False)
+    runner = tiny_runner(m.cfg, m.params, max_batch_tokens=16, max_running=2, max_context=32)
+    keys = runner.default_warmup_keys()
+    assert StepKey(BatchShape(2, 2, 1, 32), StepOptions()) in keys
+    assert StepKey(BatchShape(16, 1, 16, 32), StepOptions()) in keys
+    runner.warmup(keys, progress=False)
+    assert runner.is_warm and runner.num_late_compiles == 0
+    req = RequestSlice(np.array([5], np.int32), np.arange(1, 20, dtype=np.int32))
+    batch = build_batch([req], runner.buckets)  # a decode at kv 19 -> bucket (1, 1, 1, 32)
+    runner.step(batch, SamplingArrays.build(_greedy(1), [0], 1), StepOptions())
+    assert runner.num_late_compiles == 0
+    runner.step(batch, SamplingArrays.build(_greedy(1), [0], 1), StepOptions(do_sample=True))
+    assert runner.num_late_compiles == 1
+
+
+def test_persistent_compile_cache_is_written() -> None:
+    path = jax.config.jax_compilation_cache_dir
+    assert path and os.path.isdir(path)
+    f = jax.jit(lambda x: x * 3.0 + 1.0)
+    f(np.arange(7.0)).block_until_ready()
+    assert len(os.listdir(path)) > 0

@@ -1,0 +1,103 @@
+"""The in-jit sampler: greedy, temperature, top-k, top-p, min-p, seeds, logprobs."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from radixjax.sampling.params import SamplingArrays, SamplingParams, SamplingParamsError
+from radixjax.sampling.sampler import sample
+
+VOCAB = 50
+ROWS = 4000
+
+
+@partial(jax.jit, static_argnames=("do_sample", "num_top"))
+def _run(logits, sp, positions, do_sample=True, num_top=0):
+    return sample(logits, sp, positions, do_sample=do_sample, num_top_logprobs=num_top,
+                  return_logprobs=True)
+
+
+def draw(probs: np.ndarray, p: SamplingParams, seeds=None, positions=None) -> np.ndarray:
+    """ROWS samples of the same distribution, one per (seed, position) row."""
+    logits = jnp.asarray(np.log(probs), jnp.float32)[None].repeat(ROWS, 0)
+    seeds = np.arange(ROWS) if seeds is None else seeds
+    positions = np.zeros(ROWS, np.int32) if positions is None else positions
+    sp = SamplingArrays.build([p] * ROWS, list(seeds), ROWS)
+    return np.asarray(_run(logits, sp, jnp.asarray(positions, jnp.int32)).tokens)
+
+
+@pytest.fixture
+def probs() -> np.ndarray:
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.ones(VOCAB) * 0.5)
+    return p.astype(np.float64)
+
+
+def test_temperature_zero_and_top_k_one_are_greedy(probs) -> None:
+    best = int(np.argmax(probs))
+    assert set(draw(probs, SamplingParams(temperature=0.0))) == {best}
+    assert set(draw(probs, SamplingParams(temperature=1.5, top_k=1))) == {best}
+
+
+def test_top_k_restricts_support(probs) -> None:
+    top3 = set(np.argsort(-probs)[:3].tolist())
+    got = set(draw(probs, SamplingParams(temperature=1.0, top_k=3)).tolist())
+    assert got == top3
+
+
+def test_top_p_restricts_support(probs) -> None:
+    order = np.argsort(-probs)
+    before = np.cumsum(probs[order]) - probs[order]
+    nucleus = set(order[before < 0.6].tolist())
+    got = set(draw(probs, SamplingParams(temperature=1.0, top_p=0.6)).tolist())
+    assert got <= nucleus and len(got) == len(nucleus) > 1
+
+
+def test_min_p_restricts_support(probs) -> None:
+    allowed = set(np.flatnonzero(probs >= 0.2 * probs.max()).tolist())
+    got = set(draw(probs, SamplingParams(temperature=1.0, min_p=0.2)).tolist())
+    assert got <= allowed and len(got) > 1
+
+
+def test_temperature_one_follows_the_distribution(probs) -> None:
+    counts = np.bincount(draw(probs, SamplingParams(temperature=1.0)), minlength=VOCAB)
+    assert np.abs(counts / ROWS - probs).max() < 0.04
+    # a high temperature flattens it
+    hot = np.bincount(draw(probs, SamplingParams(temperature=5.0)), minlength=VOCAB)
+    assert hot.max() < counts.max()
+
+
+def test_seed_reproduces_and_differs(probs) -> None:
+    p = SamplingParams(temperature=1.0)
+    seeds = np.full(ROWS, 7)
+    positions = np.arange(ROWS, dtype=np.int32)
+    a = draw(probs, p, seeds, positions)
+    b = draw(probs, p, seeds, positions)
+    c = draw(probs, p, seeds + 1, positions)
+    np.testing.assert_array_equal(a, b)
+    assert (a != c).mean() > 0.3
+    assert len(set(a.tolist())) > 5  # the position is folded in: rows are not all equal
+
+
+def test_logprobs_are_the_model_log_softmax(probs) -> None:
+    logits = jnp.asarray(np.log(probs), jnp.float32)[None].repeat(3, 0)
+    sp = SamplingArrays.build([SamplingParams(temperature=1.0)] * 3, [1, 2, 3], 3)
+    out = _run(logits, sp, jnp.zeros(3, jnp.int32), num_top=5)
+    lp = np.log(probs)
+    np.testing.assert_allclose(np.asarray(out.logprobs), lp[np.asarray(out.tokens)], atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(out.top_ids)[0], np.argsort(-probs)[:5])
+    np.testing.assert_allclose(np.asarray(out.top_logprobs)[0], np.sort(lp)[::-1][:5], atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(temperature=-1.0), dict(top_p=0.0), dict(top_p=1.5), dict(min_p=-0.1),
+    dict(max_new_tokens=0), dict(seed=-3), dict(top_logprobs=21), dict(temperature="hot"),
+])
+def test_bad_params_raise(kwargs) -> None:
+    with pytest.raises(SamplingParamsError):
+        SamplingParams(**kwargs)
