@@ -64,6 +64,22 @@ class RequestSlice(NamedTuple):
     new_tokens: np.ndarray  # [q_len] int32, tokens at positions kv_len-q_len .. kv_len-1
     kv_slots: np.ndarray  # [kv_len] int32, slot of every position 0..kv_len-1 (a
     # req_to_token row); the last q_len entries are where the new tokens' K/V go
+    row: int = 0  # the request's row in the device token buffer (its req_to_token row)
+    first_from_device: bool = False  # new_tokens[0] is a placeholder: take the token the
+    # previous step sampled for this row (the overlap scheduler's future map)
+
+
+class TokenSource(NamedTuple):
+    """Where each input token comes from, and where sampled tokens go (the future map).
+
+    The device keeps `last_tokens [num_rows]`: each step writes its sampled token of
+    request b at req_row[b]; a token with use_last reads last_tokens[token_row[t]]
+    instead of input_ids[t], so a decode step can be dispatched before the previous
+    step's tokens reach the host."""
+
+    use_last: np.ndarray  # [T] bool
+    token_row: np.ndarray  # [T] int32
+    req_row: np.ndarray  # [B] int32 (padded requests: the spare last row)
 
 
 class HostBatch(NamedTuple):
@@ -71,9 +87,13 @@ class HostBatch(NamedTuple):
     md: AttentionMetadata  # fields as numpy arrays
     shape: BatchShape
     num_reqs: int  # real (unpadded) requests
+    src: TokenSource | None = None
 
 
-def build_batch(reqs: list[RequestSlice], buckets: Buckets) -> HostBatch:
+def build_batch(
+    reqs: list[RequestSlice], buckets: Buckets, spare_row: int = 0
+) -> HostBatch:
+    """Pack and pad; `spare_row` is the token-buffer row padded requests write to."""
     if not reqs:
         raise ValueError("a step needs at least one request")
     q_lens = [len(r.new_tokens) for r in reqs]
@@ -92,6 +112,9 @@ def build_batch(reqs: list[RequestSlice], buckets: Buckets) -> HostBatch:
     q_len = np.zeros(b, np.int32)
     kv_len = np.zeros(b, np.int32)
     kv_slots = np.full((b, shape.max_kv), DUMMY_SLOT, np.int32)
+    use_last = np.zeros(t, bool)
+    token_row = np.zeros(t, np.int32)
+    req_row = np.full(b, spare_row, np.int32)
     start = 0
     for i, (r, q, k) in enumerate(zip(reqs, q_lens, kv_lens, strict=True)):
         end = start + q
@@ -101,7 +124,10 @@ def build_batch(reqs: list[RequestSlice], buckets: Buckets) -> HostBatch:
         token_req[start:end] = i
         q_start[i], q_len[i], kv_len[i] = start, q, k
         kv_slots[i, :k] = r.kv_slots
+        use_last[start] = r.first_from_device
+        token_row[start:end] = r.row
+        req_row[i] = r.row
         start = end
     q_start[len(reqs) :] = start  # padded requests: empty range at the end
     md = AttentionMetadata(positions, out_slots, token_req, q_start, q_len, kv_len, kv_slots)
-    return HostBatch(input_ids, md, shape, len(reqs))
+    return HostBatch(input_ids, md, shape, len(reqs), TokenSource(use_last, token_row, req_row))

@@ -18,7 +18,7 @@ from radixjax.model.attention import AttentionMetadata, BatchShape, get_backend
 from radixjax.model.config import ModelConfig
 from radixjax.model.llama import KVPool, forward, init_kv_pool
 from radixjax.model.params import Params
-from radixjax.runtime.batch import DUMMY_SLOT, Buckets, HostBatch
+from radixjax.runtime.batch import DUMMY_SLOT, Buckets, HostBatch, TokenSource
 from radixjax.sampling.params import MAX_TOP_LOGPROBS, SamplingArrays
 from radixjax.sampling.sampler import SampleOutput, sample
 
@@ -30,6 +30,7 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 @dataclass(frozen=True)
 class RunnerConfig:
     num_slots: int = 16384  # KV pool rows, including the dummy slot 0
+    num_token_rows: int = 65  # device token buffer rows (>= max running requests + 1)
     max_batch_tokens: int = 2048  # largest T bucket (chunked prefill keeps steps under it)
     max_running: int = 64  # largest B bucket
     max_context: int = 4096  # largest K bucket; also the longest request
@@ -63,10 +64,11 @@ class StepKey(NamedTuple):
 
 
 def _step(
-    params: Params, kv: KVPool, input_ids: jax.Array, md: AttentionMetadata,
-    sp: SamplingArrays, *, cfg: ModelConfig, shape: BatchShape, backend: str,
-    opts: StepOptions,
-) -> tuple[SampleOutput, KVPool]:
+    params: Params, kv: KVPool, last_tokens: jax.Array, input_ids: jax.Array,
+    src: TokenSource, md: AttentionMetadata, sp: SamplingArrays, *, cfg: ModelConfig,
+    shape: BatchShape, backend: str, opts: StepOptions,
+) -> tuple[SampleOutput, KVPool, jax.Array]:
+    input_ids = jnp.where(src.use_last, last_tokens[src.token_row], input_ids)
     logits, kv = forward(
         params, kv, input_ids, md, cfg=cfg, shape=shape, backend=get_backend(backend)
     )
@@ -74,7 +76,7 @@ def _step(
         logits, sp, md.kv_len, do_sample=opts.do_sample,
         num_top_logprobs=opts.num_top_logprobs, return_logprobs=opts.return_logprobs,
     )
-    return out, kv
+    return out, kv, last_tokens.at[src.req_row].set(out.tokens)
 
 
 def _all_logits(
@@ -96,9 +98,12 @@ class ModelRunner:
         self.config = config
         self.buckets = config.buckets
         self.kv: KVPool = init_kv_pool(cfg, config.num_slots, DTYPES[config.kv_dtype])
+        # The future map: last sampled token per request row ([num_token_rows] int32).
+        self.last_tokens = jnp.zeros(config.num_token_rows, jnp.int32)
         statics = dict(cfg=cfg, backend=config.attention_backend)
         self._step = jax.jit(
-            partial(_step, **statics), static_argnames=("shape", "opts"), donate_argnames="kv"
+            partial(_step, **statics), static_argnames=("shape", "opts"),
+            donate_argnames=("kv", "last_tokens"),
         )
         self._logits = jax.jit(
             partial(_all_logits, **statics), static_argnames="shape", donate_argnames="kv"
@@ -120,8 +125,11 @@ class ModelRunner:
         if opts.num_top_logprobs > MAX_TOP_LOGPROBS:
             raise ValueError(f"num_top_logprobs must be <= {MAX_TOP_LOGPROBS}")
         self._note_compile(StepKey(batch.shape, opts))
-        ids, md, sp = jax.device_put((batch.input_ids, batch.md, sp))
-        out, self.kv = self._step(self.params, self.kv, ids, md, sp, shape=batch.shape, opts=opts)
+        out, self.kv, self.last_tokens = self._step(
+            self.params, self.kv, self.last_tokens,
+            *jax.device_put((batch.input_ids, _source(batch), batch.md, sp)),
+            shape=batch.shape, opts=opts,
+        )
         return out
 
     def all_logits(self, batch: HostBatch) -> np.ndarray:
@@ -137,13 +145,9 @@ class ModelRunner:
         keys = list(keys)
         for key in tqdm(keys, desc="compiling step buckets", disable=not progress):
             self._note_compile(key)
-            batch = _padding_batch(key.shape)
+            batch = _padding_batch(key.shape, self.config.num_token_rows - 1)
             sp = SamplingArrays.build([], [], key.shape.num_reqs)
-            ids, md, sp = jax.device_put((batch.input_ids, batch.md, sp))
-            out, self.kv = self._step(
-                self.params, self.kv, ids, md, sp, shape=key.shape, opts=key.opts
-            )
-            jax.block_until_ready(out.tokens)
+            jax.block_until_ready(self.step(batch, sp, key.opts).tokens)
         self.is_warm = True
 
     def default_warmup_keys(self, max_decode_kv: int | None = None) -> list[StepKey]:
@@ -162,11 +166,19 @@ class ModelRunner:
         return sorted(set(keys), key=lambda k: (k.shape.num_tokens, k.shape.max_kv))
 
 
-def _padding_batch(shape: BatchShape) -> HostBatch:
+def _source(batch: HostBatch) -> TokenSource:
+    if batch.src is not None:
+        return batch.src
+    t, b = batch.shape.num_tokens, batch.shape.num_reqs
+    return TokenSource(np.zeros(t, bool), np.zeros(t, np.int32), np.zeros(b, np.int32))
+
+
+def _padding_batch(shape: BatchShape, spare_row: int) -> HostBatch:
     t, b = shape.num_tokens, shape.num_reqs
     z = partial(np.zeros, dtype=np.int32)
     md = AttentionMetadata(
         positions=z(t), out_slots=np.full(t, DUMMY_SLOT, np.int32), token_req=z(t),
         q_start=z(b), q_len=z(b), kv_len=z(b), kv_slots=z((b, shape.max_kv)),
     )
-    return HostBatch(z(t), md, shape, 0)
+    src = TokenSource(np.zeros(t, bool), z(t), np.full(b, spare_row, np.int32))
+    return HostBatch(z(t), md, shape, 0, src)
