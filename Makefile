@@ -16,4 +16,4 @@ test: setup-test
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
 run: setup-run
-	.venv/bin/python -m radixjax.generate --prompt "$(PROMPT)"
+	.venv/bin/python -m radixjax.cli --prompt "$(PROMPT)"

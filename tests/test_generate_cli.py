@@ -8,7 +8,7 @@ import sys
 
 def test_cli_generates_text_with_the_default_model() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "radixjax.generate", "--prompt", "What is 2+2?",
+        [sys.executable, "-m", "radixjax.cli", "--prompt", "What is 2+2?",
          "--max-tokens", "12"],
         capture_output=True, text=True, timeout=300,
     )
@@ -19,7 +19,7 @@ def test_cli_generates_text_with_the_default_model() -> None:
 
 def test_cli_rejects_a_missing_model() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "radixjax.generate", "--prompt", "x", "--model", "/nonexistent"],
+        [sys.executable, "-m", "radixjax.cli", "--prompt", "x", "--model", "/nonexistent"],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 2

@@ -1,4 +1,4 @@
-"""`python -m radixjax.generate --prompt ...`: generate from a prompt with the default
+"""`python -m radixjax.cli --prompt ...`: generate from a prompt with the default
 model (SmolLM2-135M-Instruct) or any --model (HF folder or GGUF file), streaming text."""
 
 from __future__ import annotations

@@ -104,6 +104,32 @@ class KVCacheManager:
         self._num_held -= slots.size - num_shared
         return result
 
+    def cache_unfinished(
+        self,
+        tokens: TokenIds,
+        slots: np.ndarray,
+        last_node: TreeNode,
+        num_cached: int,
+        namespace: Hashable | None = None,
+    ) -> tuple[np.ndarray, TreeNode, int]:
+        """Cache a running request's computed tokens so others can share them now.
+
+        Returns (slots, last_node, num_cached) to continue with: the tree's slots for the
+        cached (page-aligned) prefix — where the tree already held other slots for the
+        same tokens, the request's duplicates are freed and the tree's are used — then
+        the request's private rest. The new last node is locked, the old one unlocked.
+        """
+        tokens = np.asarray(tokens, dtype=np.int32)
+        slots = np.asarray(slots, dtype=np.int64)
+        self.tree.insert(tokens, slots[: tokens.size], namespace)
+        match = self.tree.match_prefix(tokens, namespace)
+        self.tree.inc_lock_ref(match.last_node)
+        self.tree.dec_lock_ref(last_node)
+        new_cached = match.slots.size
+        # Slots for [num_cached, new_cached) are now the tree's, or were freed as dups.
+        self._num_held -= new_cached - num_cached
+        return np.concatenate([match.slots, slots[new_cached:]]), match.last_node, new_cached
+
     def release(self, slots: np.ndarray, last_node: TreeNode, num_cached: int) -> None:
         """Retract a request without caching it: free its private slots (everything after
         the `num_cached` locked prefix slots) and unlock its prefix."""

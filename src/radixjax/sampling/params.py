@@ -29,9 +29,14 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()  # stop strings (checked by the engine on decoded text)
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         def check(ok: bool, msg: str) -> None:
             if not ok:
                 raise SamplingParamsError(msg)
@@ -47,6 +52,9 @@ class SamplingParams:
               f"min_p must be in [0, 1], got {self.min_p!r}")
         check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**31),
               f"seed must be an integer in [0, 2^31), got {self.seed!r}")
+        check(all(isinstance(s, str) for s in self.stop), "stop must be strings")
+        check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+              "stop_token_ids must be non-negative integers")
         check(isinstance(self.top_logprobs, int)
               and 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS,
               f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")

@@ -1,0 +1,47 @@
+"""EngineConfig: every scheduling and memory knob, frozen and validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+POLICIES = ("lpm", "dfs-weight", "fcfs")
+
+
+class EngineConfigError(ValueError):
+    """An engine option is out of range."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    num_slots: int = 16384  # KV pool size in tokens (slot / page 0 is the dummy)
+    page_size: int = 1
+    max_running: int = 32  # running requests (B bucket limit)
+    max_context: int = 4096  # longest request (prompt + output)
+    max_prefill_tokens: int = 1024  # new tokens per prefill step (T bucket limit)
+    chunk_size: int = 512  # chunked prefill: at most this many tokens of one request a step
+    policy: str = "lpm"
+    fcfs_threshold: int = 128  # cache-aware policies fall back to FCFS past this queue length
+    in_batch_prefix_min: int = 32  # waiting requests sharing a cold prefix this long wait
+    enable_cache: bool = True  # the radix cache (off: every request prefills from scratch)
+    enable_overlap: bool = True
+    enable_mixed: bool = False  # decode requests ride along in prefill steps
+    new_token_ratio: float = 0.4  # decode KV reserved per running request (x remaining)
+    retract_every: int = 0  # test hook: force one retraction every N decode steps
+    dtype: str = "float32"
+    attention_backend: str = "native"
+    seed: int = 0  # seeds for requests that give none derive from it
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, msg: str) -> None:
+            if not ok:
+                raise EngineConfigError(msg)
+
+        check(self.policy in POLICIES, f"policy must be one of {POLICIES}")
+        check(self.page_size >= 1, "page_size must be >= 1")
+        check(self.num_slots >= 2 * self.page_size, "num_slots too small for one page")
+        check(self.max_running >= 1, "max_running must be >= 1")
+        check(1 <= self.chunk_size <= self.max_prefill_tokens,
+              "need 1 <= chunk_size <= max_prefill_tokens")
+        check(self.max_context >= 2, "max_context must be >= 2")
+        check(0.0 <= self.new_token_ratio <= 1.0, "new_token_ratio must be in [0, 1]")
+        check(self.retract_every >= 0, "retract_every must be >= 0")

@@ -1,0 +1,298 @@
+"""The public offline API: `Engine(model=...)` with `generate(...)` (sync, batched) and
+`generate_stream(...)` (async). The scheduler coroutine runs on a private event loop in
+a background thread; every scheduler call is marshalled onto that loop."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from radixjax.engine.config import EngineConfig
+from radixjax.engine.request import Req, ReqStats
+from radixjax.engine.scheduler import RequestError, Scheduler
+from radixjax.loaders import load_model
+from radixjax.model.config import ModelConfig
+from radixjax.model.params import Params
+from radixjax.runtime.compile_cache import enable_persistent_cache
+from radixjax.runtime.model_runner import ModelRunner, RunnerConfig
+from radixjax.sampling.params import SamplingParams
+
+T = TypeVar("T")
+Prompt = str | Sequence[int]
+
+
+@dataclass
+class GenerateOutput:
+    rid: str
+    text: str | None  # None when the engine has no tokenizer
+    token_ids: list[int]
+    finish_reason: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    stats: ReqStats | None = None
+
+
+@dataclass
+class StreamChunk:
+    text: str  # new text since the previous chunk ("" when the tokenizer is absent)
+    token_ids: list[int]  # new token ids
+    finish_reason: str | None = None
+    output: GenerateOutput | None = None  # set on the last chunk
+
+
+class Engine:
+    """Serves one model with the radix cache and the overlap scheduler.
+
+    model: an HF folder or GGUF path, or None for the default SmolLM2. Or pass a model
+    already in memory: `params` (the pytree) + `model_config` (+ `tokenizer`), e.g. just
+    trained in a notebook; nothing is exported or reloaded.
+    """
+
+    def __init__(self, model: str | Path | None = None, *, params: Params | None = None,
+                 model_config: ModelConfig | None = None, tokenizer: Any = None,
+                 warmup: bool = False, **engine_options: Any) -> None:
+        self.config = EngineConfig(**engine_options)
+        if params is not None:
+            if model_config is None:
+                raise ValueError("an in-memory model needs model_config as well as params")
+            self.model_config, self.tokenizer = model_config, tokenizer
+        else:
+            loaded = load_model(model, dtype=self.config.dtype)
+            params, self.model_config, self.tokenizer = loaded.params, loaded.cfg, loaded.tokenizer
+        enable_persistent_cache()
+        c = self.config
+        runner_cfg = RunnerConfig(
+            num_slots=c.num_slots, num_token_rows=c.max_running + 1,
+            max_batch_tokens=max(c.max_prefill_tokens + (c.max_running if c.enable_mixed else 0),
+                                 c.max_running),
+            max_running=c.max_running, max_context=c.max_context,
+            attention_backend=c.attention_backend, kv_dtype=c.dtype,
+        )
+        self.runner = ModelRunner(self.model_config, params, runner_cfg)
+        if warmup:
+            self.runner.warmup(self.runner.default_warmup_keys())
+        eos = tuple(self.model_config.eos_token_ids)
+        if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
+            eos = tuple(sorted(set(eos) | {tokenizer.eos_token_id}))
+        self.scheduler = Scheduler(self.runner, self.config, eos)
+        self._ids = itertools.count()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, name="radixjax-scheduler",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._task = self._loop.create_task(self.scheduler.run_forever())
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.close()
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        """Run fn on the scheduler's loop and return its result."""
+        async def run() -> T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result()
+
+    def shutdown(self) -> None:
+        if not self._thread.is_alive():
+            return
+
+        async def stop() -> None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._loop.stop()
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop)
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def _tokenize(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError("this engine has no tokenizer: pass token ids")
+            return list(self.tokenizer(prompt).input_ids)
+        ids = [int(t) for t in prompt]
+        if any(t < 0 or t >= self.model_config.vocab_size for t in ids):
+            raise RequestError("token ids must be in [0, vocab_size)")
+        return ids
+
+    def _sampling(self, sp: SamplingParams | dict | None) -> SamplingParams:
+        if sp is None:
+            return SamplingParams()
+        return sp if isinstance(sp, SamplingParams) else SamplingParams(**sp)
+
+    def _make_req(self, ids: list[int], sp: SamplingParams, index: int) -> Req:
+        n = next(self._ids)
+        seed = sp.seed + index if sp.seed is not None else (self.config.seed * 1_000_003 + n)
+        return Req(rid=f"req-{n}", prompt_ids=ids, sampling=sp, seed=seed % (2**31))
+
+    def _output(self, req: Req) -> GenerateOutput:
+        return GenerateOutput(
+            rid=req.rid, text=self._final_text(req), token_ids=list(req.output_ids),
+            finish_reason=req.finish_reason, prompt_tokens=len(req.prompt_ids),
+            cached_tokens=req.stats.cached_tokens, completion_tokens=len(req.output_ids),
+            logprobs=list(req.logprobs), top_logprobs=list(req.top_logprobs), stats=req.stats,
+        )
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _final_text(self, req: Req) -> str | None:
+        if self.tokenizer is None:
+            return None
+        text = self._decode(req.output_ids)
+        cut = _first_stop(text, req.sampling.stop)
+        return text if cut is None else text[:cut]
+
+    def _check_stop_strings(self, req: Req) -> None:
+        """Called on the loop after each token: a stop string ends the request."""
+        if req.sampling.stop and self.tokenizer is not None:
+            if _first_stop(self._decode(req.output_ids), req.sampling.stop) is not None:
+                self.scheduler.finish(req, "stop")
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | dict | None = None,
+                 n: int = 1) -> GenerateOutput | list[GenerateOutput]:
+        """Generate for one prompt (text or token ids) or a list of them, all submitted at
+        once and batched by the scheduler. `n` samples per prompt share its KV.
+        Returns one output for a single prompt with n == 1, else a prompt-major list."""
+        single = isinstance(prompts, str) or (
+            len(prompts) > 0 and isinstance(prompts[0], int | np.integer))
+        plist: list[Prompt] = [prompts] if single else list(prompts)  # type: ignore[list-item]
+        if not plist:
+            raise RequestError("no prompts given")
+        if n < 1:
+            raise RequestError("n must be >= 1")
+        sp = self._sampling(sampling_params)
+        reqs = [self._make_req(self._tokenize(p), sp, i) for p in plist for i in range(n)]
+        futures = [concurrent.futures.Future() for _ in reqs]
+        for req, fut in zip(reqs, futures, strict=True):
+            req.on_tokens = self._on_tokens_for(fut)
+
+        def submit() -> None:
+            for req in reqs:  # all or nothing: validate first
+                self.scheduler.validate(req)
+            for req in reqs:
+                self.scheduler.add_request(req)
+
+        self._call(submit)
+        outs = [f.result() for f in futures]
+        return outs[0] if single and n == 1 else outs
+
+    def _on_tokens_for(self, fut: concurrent.futures.Future) -> Callable:
+        def on_tokens(req: Req, new: list[int], finished: bool) -> None:
+            if not finished:
+                self._check_stop_strings(req)
+            elif not fut.done():
+                fut.set_result(self._output(req))
+        return on_tokens
+
+    async def generate_stream(self, prompt: Prompt,
+                              sampling_params: SamplingParams | dict | None = None,
+                              ) -> AsyncIterator[StreamChunk]:
+        """Stream one request's output as text deltas that never split a UTF-8
+        character. Leaving the iteration early aborts the request and frees its KV."""
+        caller = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[list[int], bool]] = asyncio.Queue()
+        req = self._make_req(self._tokenize(prompt), self._sampling(sampling_params), 0)
+
+        def on_tokens(r: Req, new: list[int], finished: bool) -> None:
+            if not finished:
+                self._check_stop_strings(r)
+            caller.call_soon_threadsafe(queue.put_nowait, (new, finished))
+
+        req.on_tokens = on_tokens
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
+            _as_coro(lambda: (self.scheduler.validate(req), self.scheduler.add_request(req))),
+            self._loop))
+        sent = ""
+        try:
+            while True:
+                new, finished = await queue.get()
+                text = ""
+                if self.tokenizer is not None:
+                    full = self._final_text(req) or ""
+                    if finished or not full.endswith("\ufffd"):
+                        text, sent = full[len(sent):], full
+                if finished:
+                    yield StreamChunk(text, new, req.finish_reason, self._output(req))
+                    return
+                yield StreamChunk(text, new)
+        finally:
+            if req.finish_reason is None:
+                self._loop.call_soon_threadsafe(self.scheduler.abort, req)
+
+    # -- introspection ----------------------------------------------------------------------
+
+    def stats(self) -> dict[str, float]:
+        def snap() -> dict[str, float]:
+            s = self.scheduler
+            usable = s.kvm.allocator.num_usable_slots
+            used = usable - s.kvm.allocator.num_free_slots - s.kvm.tree.evictable_size()
+            return s.stats.snapshot(num_running=len(s.running), num_waiting=len(s.waiting),
+                                    kv_usage=used / usable,
+                                    num_late_compiles=self.runner.num_late_compiles)
+        return self._call(snap)
+
+    def check_integrity(self) -> None:
+        """KV accounting holds (call when idle: then nothing may be held by requests)."""
+        def check() -> None:
+            self.scheduler.check_integrity()
+            if not self.scheduler.has_work:
+                assert self.scheduler.kvm.num_held == 0, "idle engine still holds KV slots"
+        self._call(check)
+
+    def flush_cache(self) -> bool:
+        """Drop every cached prefix (only when idle); returns whether it flushed."""
+        def flush() -> bool:
+            if self.scheduler.has_work:
+                return False
+            self.scheduler.kvm.tree.reset()
+            return True
+        return self._call(flush)
+
+
+async def _as_coro(fn: Callable[[], Any]) -> Any:
+    return fn()
+
+
+def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    cuts = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(cuts) if cuts else None
+
+
+def generate(prompts: Prompt | Sequence[Prompt], model: str | Path | None = None,
+             n: int = 1, **sampling: Any) -> GenerateOutput | list[GenerateOutput]:
+    """One-shot convenience for scripts: build an Engine, generate, shut it down.
+    Keep an `Engine` for repeated calls (it compiles once and keeps its cache)."""
+    with Engine(model) as engine:
+        return engine.generate(prompts, SamplingParams(**sampling), n=n)
+
+
+__all__ = ["Engine", "GenerateOutput", "StreamChunk", "generate"]

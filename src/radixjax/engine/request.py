@@ -1,0 +1,100 @@
+"""A request's host-side record: tokens, sampling, KV ownership, progress, counters."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from radixjax.sampling.params import SamplingParams
+
+
+class ReqState(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class ReqStats:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the radix cache supplied (first admission)
+    completion_tokens: int = 0
+    num_retractions: int = 0
+    arrival: float = field(default_factory=time.perf_counter)
+    admitted: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+
+    @property
+    def queue_time(self) -> float | None:
+        return None if self.admitted is None else self.admitted - self.arrival
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def time_per_output_token(self) -> float | None:
+        if self.finished is None or self.first_token is None or self.completion_tokens < 2:
+            return None
+        return (self.finished - self.first_token) / (self.completion_tokens - 1)
+
+
+# on_tokens(req, new_token_ids, finished) is called on the scheduler's loop.
+OnTokens = Callable[["Req", list[int], bool], None]
+
+
+@dataclass(eq=False)
+class Req:
+    """Mutated only by the scheduler. Positions 0..num_computed-1 have KV in `slots`
+    (dispatched steps count: the device runs them in order); `num_pending` sampled tokens
+    are still on the device (0 or 1, the overlap scheduler's in-flight token)."""
+
+    rid: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    seed: int
+    namespace: Hashable | None = None
+    on_tokens: OnTokens | None = None
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    state: ReqState = ReqState.WAITING
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    # KV ownership (valid while RUNNING)
+    row: int = -1  # req_to_token row, also the device token-buffer row
+    slots: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    num_cached: int = 0  # leading slots owned by the tree (locked via last_node)
+    last_node: Any = None
+    num_computed: int = 0
+    num_pending: int = 0
+    is_aborted: bool = False
+    stats: ReqStats = field(default_factory=ReqStats)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens known to the host plus the in-flight one."""
+        return len(self.prompt_ids) + len(self.output_ids) + self.num_pending
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.output_ids) + self.num_pending
+
+    @property
+    def is_prefilling(self) -> bool:
+        """More than one token to compute. The last known token is always fed by the
+        step that samples the next one, so a decoding request has exactly one."""
+        return self.seq_len - self.num_computed > 1
+
+    @property
+    def remaining_tokens(self) -> int:
+        return self.sampling.max_new_tokens - self.num_generated

@@ -1,0 +1,397 @@
+"""The scheduler: waiting queue -> (chunked) prefill -> decode -> finished, with the radix
+cache, retraction, and the overlap loop that stays one batch ahead of the device.
+
+    loop:  batch = schedule()          host: policy, prefill adder, KV allocation
+           out   = dispatch(batch)     device: returns at once (JAX async dispatch)
+           process(previous)           host: wait for batch N-1's tokens, stream, finish
+           previous = (batch, out)
+
+Decode inputs of batch N are read on the device from the token buffer batch N-1 wrote
+(runtime/batch.py TokenSource), so nothing waits for the host in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from radixjax.cache.errors import OutOfKVSlots
+from radixjax.cache.manager import KVCacheManager
+from radixjax.cache.req_to_token import ReqToTokenPool
+from radixjax.engine.config import EngineConfig
+from radixjax.engine.policy import SchedulePolicy, match_tokens
+from radixjax.engine.request import Req, ReqState
+from radixjax.engine.stats import EngineStats
+from radixjax.runtime.batch import HostBatch, RequestSlice, build_batch
+from radixjax.runtime.model_runner import ModelRunner, StepOptions
+from radixjax.sampling.params import MAX_TOP_LOGPROBS, SamplingArrays
+from radixjax.sampling.sampler import SampleOutput
+
+log = logging.getLogger(__name__)
+
+
+class RequestError(ValueError):
+    """A request the engine cannot serve (empty prompt, longer than the context, ...)."""
+
+
+@dataclass
+class ScheduledBatch:
+    reqs: list[Req]
+    num_new: list[int]  # tokens each request computes in this step
+    samples: list[bool]  # whether the request's sampled token is kept
+    is_prefill: bool
+    host: HostBatch
+    opts: StepOptions
+
+
+@dataclass
+class InFlight:
+    batch: ScheduledBatch
+    out: SampleOutput
+
+
+class Scheduler:
+    """Owns every request's host state and the KV bookkeeping. Single-threaded: call it
+    only from the loop that runs `run_forever` (or drive `run_once` by hand)."""
+
+    def __init__(self, runner: ModelRunner, cfg: EngineConfig,
+                 eos_token_ids: tuple[int, ...]) -> None:
+        self.runner = runner
+        self.cfg = cfg
+        self.eos_token_ids = eos_token_ids
+        self.kvm = KVCacheManager(cfg.num_slots, cfg.page_size)
+        self.rows = ReqToTokenPool(cfg.max_running, cfg.max_context + cfg.page_size)
+        self.policy = SchedulePolicy(cfg.policy, self.kvm.tree if cfg.enable_cache else None,
+                                     cfg.fcfs_threshold, cfg.in_batch_prefix_min)
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.stats = EngineStats()
+        self.in_flight: InFlight | None = None
+        self._num_decode_steps = 0
+        self._wakeup: asyncio.Event | None = None
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def add_request(self, req: Req) -> None:
+        self.validate(req)
+        self.waiting.append(req)
+        self.stats.num_requests += 1
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    def validate(self, req: Req) -> None:
+        """Raise RequestError for a request this engine can never serve."""
+        n = len(req.prompt_ids)
+        if n == 0:
+            raise RequestError("the prompt is empty")
+        if n >= self.cfg.max_context:
+            raise RequestError(
+                f"the prompt has {n} tokens; this engine's context is {self.cfg.max_context}"
+            )
+        if self.kvm.round_up(n + 1) > self.kvm.allocator.num_usable_slots:
+            raise RequestError(f"the prompt ({n} tokens) does not fit the KV pool")
+
+    def abort(self, req: Req) -> None:
+        req.is_aborted = True
+        if req.state is ReqState.WAITING and req in self.waiting:
+            self.waiting.remove(req)
+            self._mark_finished(req, "abort")
+        elif req.state is ReqState.RUNNING:
+            self.finish(req, "abort")
+
+    def finish(self, req: Req, reason: str) -> None:
+        """End a running request now; its KV is cached (or freed when the cache is off)."""
+        if req.state is not ReqState.RUNNING:
+            return
+        self.running.remove(req)
+        if self.cfg.enable_cache:
+            tokens = req.all_ids[: req.num_computed]
+            self.kvm.cache_finished(tokens, req.slots, req.last_node, req.namespace)
+        else:
+            self.kvm.release(req.slots, req.last_node, req.num_cached)
+        self.rows.free(req.row)
+        req.row, req.slots, req.last_node = -1, req.slots[:0], None
+        self._mark_finished(req, reason)
+
+    def _mark_finished(self, req: Req, reason: str) -> None:
+        req.state = ReqState.FINISHED
+        req.finish_reason = reason
+        req.stats.finished = self.stats.now()
+        self.stats.on_finished(req)
+        if req.on_tokens is not None:
+            req.on_tokens(req, [], True)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.in_flight)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    async def run_forever(self) -> None:
+        self._wakeup = asyncio.Event()
+        while True:
+            if not self.has_work:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            await self.run_once()
+
+    async def run_once(self) -> None:
+        batch = self.schedule()
+        if batch is None:
+            await self._drain()
+            return
+        overlap = self.cfg.enable_overlap and not (
+            batch.is_prefill and self.in_flight is not None and self.in_flight.batch.is_prefill
+        )
+        if not overlap:
+            await self._drain()
+        out = self.runner.step(batch.host, _sampling(batch), batch.opts)
+        self.stats.on_step(batch.is_prefill, sum(batch.num_new))
+        previous, self.in_flight = self.in_flight, InFlight(batch, out)
+        if previous is not None:
+            await self._process(previous)
+        if not self.cfg.enable_overlap:
+            await self._drain()
+
+    async def _drain(self) -> None:
+        if self.in_flight is not None:
+            previous, self.in_flight = self.in_flight, None
+            await self._process(previous)
+
+    def drain_sync(self) -> None:
+        """Process the in-flight step from synchronous code (retraction needs it)."""
+        if self.in_flight is not None:
+            previous, self.in_flight = self.in_flight, None
+            self._process_host(previous, _fetch(previous.out))
+
+    # -- scheduling -------------------------------------------------------------------------
+
+    def schedule(self) -> ScheduledBatch | None:
+        prefill = self._schedule_prefill()
+        if prefill is not None:
+            return prefill
+        return self._schedule_decode()
+
+    def _schedule_prefill(self) -> ScheduledBatch | None:
+        budget = self.cfg.max_prefill_tokens
+        reqs: list[Req] = []
+        num_new: list[int] = []
+        # Requests in the middle of a chunked prefill continue first.
+        for r in self.running:
+            if r.is_prefilling and budget > 0:
+                n = min(r.seq_len - r.num_computed, self.cfg.chunk_size, budget)
+                reqs.append(r)
+                num_new.append(n)
+                budget -= n
+        chunking = any(n < r.seq_len - r.num_computed for r, n in zip(reqs, num_new,
+                                                                       strict=True))
+        if self.waiting and budget > 0 and not chunking:
+            self._admit(reqs, num_new, budget)
+        if not reqs:
+            return None
+        if self.cfg.enable_mixed:
+            decodes = [r for r in self.running if r not in reqs and self._can_decode(r)]
+            decodes = self._reserve_decode_slots(decodes)
+            reqs += decodes
+            num_new += [1] * len(decodes)
+        return self._build(reqs, num_new, is_prefill=True)
+
+    def _admit(self, reqs: list[Req], num_new: list[int], budget: int) -> None:
+        ordered = self.policy.order(self.waiting, [r for r in reqs if r.is_prefilling])
+        reserve = sum(
+            int(r.remaining_tokens * self.cfg.new_token_ratio) for r in self.running
+        )
+        for r in ordered.reqs:
+            if budget <= 0 or len(self.running) >= self.cfg.max_running:
+                break
+            if id(r) in ordered.deferred:
+                continue
+            if self.cfg.enable_cache:
+                match = self.kvm.match_and_lock(match_tokens(r), r.namespace)
+            else:
+                match = self.kvm.match_and_lock([], r.namespace)
+            cached = match.slots.size
+            need = self.kvm.round_up(r.seq_len - cached)
+            # Nothing running: admit on the prompt alone, or nothing would ever run.
+            future = int(r.remaining_tokens * self.cfg.new_token_ratio) if self.running else 0
+            if need + reserve + future > self.kvm.available_size():
+                self.kvm.tree.dec_lock_ref(match.last_node)
+                break
+            try:
+                new_slots = self.kvm.alloc(need)
+            except OutOfKVSlots:
+                self.kvm.tree.dec_lock_ref(match.last_node)
+                break
+            reserve += future
+            r.row = self.rows.alloc()
+            r.slots = np.concatenate([match.slots, new_slots])
+            r.num_cached = r.num_computed = cached
+            r.last_node = match.last_node
+            r.state = ReqState.RUNNING
+            if r.stats.admitted is None:
+                r.stats.admitted = self.stats.now()
+                r.stats.prompt_tokens = len(r.prompt_ids)
+                r.stats.cached_tokens = min(cached, len(r.prompt_ids))
+            self.waiting.remove(r)
+            self.running.append(r)
+            n = min(r.seq_len - cached, self.cfg.chunk_size, budget)
+            reqs.append(r)
+            num_new.append(n)
+            budget -= n
+            if n < r.seq_len - cached:
+                break  # one chunked request per step
+
+    def _can_decode(self, r: Req) -> bool:
+        return (not r.is_prefilling and r.remaining_tokens > 0
+                and r.seq_len < self.cfg.max_context)
+
+    def _schedule_decode(self) -> ScheduledBatch | None:
+        decodes = [r for r in self.running if self._can_decode(r)]
+        if not decodes:
+            return None
+        self._num_decode_steps += 1
+        every = self.cfg.retract_every
+        if every and self._num_decode_steps % every == 0 and len(decodes) > 1:
+            self.drain_sync()
+            decodes = [r for r in self.running if self._can_decode(r)]
+            if len(decodes) > 1:
+                self._retract(decodes[-1])
+                decodes = decodes[:-1]
+        decodes = self._reserve_decode_slots(decodes)
+        if not decodes:
+            return None
+        return self._build(decodes, [1] * len(decodes), is_prefill=False)
+
+    def _reserve_decode_slots(self, decodes: list[Req]) -> list[Req]:
+        """Give each request a slot for its next position, retracting the most recently
+        admitted requests while the pool (free + evictable) is short."""
+        def shortfall(rs: list[Req]) -> int:
+            need = sum(self.kvm.page_size for r in rs if r.num_computed >= r.slots.size)
+            return need - self.kvm.available_size()
+
+        if shortfall(decodes) > 0:
+            self.drain_sync()
+            decodes = [r for r in decodes if r.state is ReqState.RUNNING and self._can_decode(r)]
+            while decodes and shortfall(decodes) > 0 and len(decodes) > 1:
+                self._retract(decodes.pop())
+            if decodes and shortfall(decodes) > 0:  # one request alone fills the pool
+                self.finish(decodes.pop(), "length")
+        for r in decodes:
+            if r.num_computed >= r.slots.size:
+                r.slots = np.concatenate([r.slots, self.kvm.alloc(self.kvm.page_size)])
+        return decodes
+
+    def _retract(self, r: Req) -> None:
+        """Free a running request's KV at once (not cached) and requeue it first."""
+        assert r.num_pending == 0, "drain the in-flight step before retracting"
+        self.running.remove(r)
+        self.kvm.release(r.slots, r.last_node, r.num_cached)
+        self.rows.free(r.row)
+        r.row, r.slots, r.last_node = -1, r.slots[:0], None
+        r.num_cached = r.num_computed = 0
+        r.state = ReqState.WAITING
+        r.stats.num_retractions += 1
+        self.stats.num_retractions += 1
+        self.waiting.insert(0, r)
+
+    def _build(self, reqs: list[Req], num_new: list[int], is_prefill: bool) -> ScheduledBatch:
+        slices, samples = [], []
+        for r, n in zip(reqs, num_new, strict=True):
+            start, end = r.num_computed, r.num_computed + n
+            from_device = r.num_pending > 0 and end == r.seq_len
+            known = r.all_ids
+            tokens = np.array(known[start:end] if not from_device
+                              else known[start:end - 1] + [0], np.int32)
+            self.rows.write(r.row, start, r.slots[start:end])
+            slices.append(RequestSlice(tokens, r.slots[:end].astype(np.int32), r.row,
+                                       from_device and n == 1))
+            samples.append(end == r.seq_len)
+        host = build_batch(slices, self.runner.buckets, spare_row=self.cfg.max_running)
+        wants_logprobs = any(r.sampling.logprobs for r in reqs)
+        wants_top = wants_logprobs and any(r.sampling.top_logprobs for r in reqs)
+        opts = StepOptions(  # few distinct values: each is a compiled program
+            do_sample=any(not r.sampling.is_greedy for r in reqs),
+            return_logprobs=wants_logprobs,
+            num_top_logprobs=MAX_TOP_LOGPROBS if wants_top else 0,
+        )
+        batch = ScheduledBatch(reqs, num_new, samples, is_prefill, host, opts)
+        self._after_dispatch_bookkeeping(batch)
+        return batch
+
+    def _after_dispatch_bookkeeping(self, batch: ScheduledBatch) -> None:
+        for r, n, keep in zip(batch.reqs, batch.num_new, batch.samples, strict=True):
+            r.num_computed += n
+            if keep:
+                r.num_pending += 1
+            if batch.is_prefill and n > 1 and keep and self.cfg.enable_cache:
+                # The prefill is complete: share it now (n > 1 samples, in-batch prefix
+                # caching), not only when the request finishes. Steps run in dispatch
+                # order, so a later step reading these slots sees them written.
+                r.slots, r.last_node, r.num_cached = self.kvm.cache_unfinished(
+                    r.all_ids[: r.num_computed], r.slots, r.last_node, r.num_cached,
+                    r.namespace,
+                )
+
+    # -- results ----------------------------------------------------------------------------
+
+    async def _process(self, flight: InFlight) -> None:
+        arrays = await asyncio.to_thread(_fetch, flight.out)
+        self._process_host(flight, arrays)
+
+    def _process_host(self, flight: InFlight, arrays: tuple) -> None:
+        tokens, logprobs, top_ids, top_lps = arrays
+        now = self.stats.now()
+        for i, (r, keep) in enumerate(zip(flight.batch.reqs, flight.batch.samples,
+                                          strict=True)):
+            if not keep:
+                continue
+            r.num_pending -= 1
+            if r.state is not ReqState.RUNNING:
+                continue  # finished or aborted while this step was in flight
+            token = int(tokens[i])
+            r.output_ids.append(token)
+            if r.sampling.logprobs and logprobs is not None:
+                r.logprobs.append(float(logprobs[i]))
+                k = r.sampling.top_logprobs
+                if k and top_ids is not None:
+                    r.top_logprobs.append(
+                        [(int(t), float(lp)) for t, lp in zip(top_ids[i][:k], top_lps[i][:k],
+                                                              strict=True)])
+            if r.stats.first_token is None:
+                r.stats.first_token = now
+            r.stats.completion_tokens = len(r.output_ids)
+            self.stats.num_generated_tokens += 1
+            if r.on_tokens is not None:
+                r.on_tokens(r, [token], False)
+            if r.state is not ReqState.RUNNING:
+                continue  # the callback ended it (a stop string)
+            reason = self._finish_reason(r, token)
+            if reason is not None:
+                self.finish(r, reason)
+
+    def _finish_reason(self, r: Req, token: int) -> str | None:
+        sp = r.sampling
+        if token in sp.stop_token_ids or (not sp.ignore_eos and token in self.eos_token_ids):
+            return "stop"
+        if len(r.output_ids) >= sp.max_new_tokens or r.seq_len >= self.cfg.max_context:
+            return "length"
+        return None
+
+    # -- accounting -------------------------------------------------------------------------
+
+    def check_integrity(self) -> None:
+        self.kvm.check_integrity()
+        self.rows.check_integrity()
+        assert self.rows.num_free == self.cfg.max_running - len(self.running)
+
+
+def _fetch(out: SampleOutput) -> tuple:
+    return tuple(None if x is None else np.asarray(x) for x in out)
+
+
+def _sampling(batch: ScheduledBatch) -> SamplingArrays:
+    return SamplingArrays.build([r.sampling for r in batch.reqs],
+                                [r.seed for r in batch.reqs], batch.host.shape.num_reqs)
