@@ -9,8 +9,13 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
-def load_hf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+
+def load_hf_tokenizer(path: Path) -> PreTrainedTokenizerBase | None:
+    """The folder's tokenizer, or None when it ships none (then prompts are token ids)."""
+    if not any((path / f).exists() for f in TOKENIZER_FILES):
+        return None
     return AutoTokenizer.from_pretrained(str(path))
 
 

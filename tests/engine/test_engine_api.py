@@ -1,0 +1,135 @@
+"""The public API: in-memory vs disk models, cached_tokens, n > 1, stop conditions,
+streaming and abort, typed errors (and the engine keeps serving after them)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from radixjax import Engine, SamplingParams
+from radixjax.engine.config import EngineConfigError
+from radixjax.engine.scheduler import RequestError
+from radixjax.loaders import load_model
+from radixjax.sampling.params import SamplingParamsError
+
+KW = dict(num_slots=1024, max_running=4, max_context=96, max_prefill_tokens=64, chunk_size=64)
+GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    folder = tiny_model_dir("llama")
+    return folder, load_model(folder, load_tokenizer=False)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny):
+    _, m = tiny
+    with Engine(params=m.params, model_config=m.cfg, **KW) as e:
+        yield e
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    return list(np.random.default_rng(seed).integers(3, 200, n))
+
+
+def test_in_memory_model_equals_disk_model(tiny, engine) -> None:
+    folder, _ = tiny
+    prompts = [prompt(1, 7), prompt(2, 19)]
+    with Engine(folder, **KW) as disk:
+        ref = [o.token_ids for o in disk.generate(prompts, GREEDY)]
+    # an edited in-memory model is served as is, with no export step
+    assert [o.token_ids for o in engine.generate(prompts, GREEDY)] == ref
+    engine.check_integrity()
+
+
+def test_cached_tokens_is_what_the_tree_supplied(engine) -> None:
+    engine.flush_cache()
+    base = prompt(3, 30)
+    first = engine.generate(base + [5, 6], GREEDY)
+    assert first.cached_tokens == 0
+    second = engine.generate(base + [7, 8, 9], GREEDY)
+    assert second.cached_tokens == 30  # the shared prefix, down to the token
+    again = engine.generate(base + [5, 6], GREEDY)
+    assert again.cached_tokens == 31  # all but the last prompt token (it must be computed)
+    assert again.token_ids == first.token_ids
+    engine.check_integrity()
+
+
+def test_n_samples_share_the_prompt_and_differ(engine) -> None:
+    engine.flush_cache()
+    p = prompt(4, 40)
+    outs = engine.generate(p, SamplingParams(max_new_tokens=8, temperature=1.0, seed=11,
+                                             ignore_eos=True), n=3)
+    assert len(outs) == 3
+    assert sorted(o.cached_tokens for o in outs) == [0, 39, 39]
+    assert len({tuple(o.token_ids) for o in outs}) > 1
+    # the same seed reproduces the same three samples
+    again = engine.generate(p, SamplingParams(max_new_tokens=8, temperature=1.0, seed=11,
+                                              ignore_eos=True), n=3)
+    assert [o.token_ids for o in again] == [o.token_ids for o in outs]
+    engine.check_integrity()
+
+
+def test_stop_token_and_max_tokens(engine) -> None:
+    p = prompt(5, 10)
+    full = engine.generate(p, GREEDY)
+    assert full.finish_reason == "length" and len(full.token_ids) == 8
+    stop_at = full.token_ids[3]
+    k = full.token_ids.index(stop_at)
+    out = engine.generate(p, SamplingParams(max_new_tokens=8, temperature=0.0,
+                                            stop_token_ids=(stop_at,), ignore_eos=True))
+    assert out.finish_reason == "stop" and out.token_ids == full.token_ids[: k + 1]
+    engine.check_integrity()
+
+
+def test_stream_matches_generate_and_early_exit_aborts(engine) -> None:
+    p = prompt(6, 12)
+    ref = engine.generate(p, GREEDY)
+
+    async def collect(limit: int | None) -> list:
+        chunks = []
+        async for c in engine.generate_stream(p, GREEDY):
+            chunks.append(c)
+            if limit is not None and len(chunks) >= limit:
+                break
+        return chunks
+
+    chunks = asyncio.run(collect(None))
+    assert [t for c in chunks for t in c.token_ids] == ref.token_ids
+    assert chunks[-1].finish_reason == "length" and chunks[-1].output is not None
+    asyncio.run(collect(2))  # leaving early aborts the request
+    for _ in range(100):
+        stats = engine.stats()
+        if stats["num_running"] == 0 and stats["num_waiting"] == 0:
+            break
+    engine.check_integrity()
+    assert engine.stats()["num_aborted"] >= 1
+
+
+@pytest.mark.parametrize("bad,exc", [
+    ([], RequestError),
+    (list(range(3, 100)), RequestError),  # longer than the 96-token context
+    ([3, 4, 10_000], RequestError),  # token id outside the vocab
+    ([-1, 4], RequestError),
+])
+def test_bad_prompts_raise_and_engine_keeps_serving(engine, bad, exc) -> None:
+    with pytest.raises(exc):
+        engine.generate(bad, GREEDY)
+    assert len(engine.generate(prompt(7, 5), GREEDY).token_ids) == 8
+    engine.check_integrity()
+
+
+def test_bad_sampling_and_config_raise(engine) -> None:
+    with pytest.raises(SamplingParamsError):
+        engine.generate(prompt(8, 5), {"temperature": -2.0})
+    with pytest.raises(SamplingParamsError):
+        engine.generate(prompt(8, 5), {"top_p": 0})
+    with pytest.raises(RequestError):
+        engine.generate(prompt(8, 5), GREEDY, n=0)
+    with pytest.raises(EngineConfigError):
+        Engine(params={}, model_config=None, policy="random")
+    with pytest.raises(RequestError):
+        engine.generate("text needs a tokenizer", GREEDY)
