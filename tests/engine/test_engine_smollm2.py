@@ -1,0 +1,50 @@
+"""Text in, text out with the default model: chat prompts, stop strings, streamed text
+equal to the batch result, and the one-shot `radixjax.generate`."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import radixjax
+from radixjax import Engine, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2):
+    with Engine(params=smollm2.params, model_config=smollm2.cfg, tokenizer=smollm2.tokenizer,
+                num_slots=1024, max_running=4, max_context=256, max_prefill_tokens=128,
+                chunk_size=128) as e:
+        yield e
+
+
+def chat(tok, text: str) -> str:
+    return tok.apply_chat_template([{"role": "user", "content": text}],
+                                   add_generation_prompt=True, tokenize=False)
+
+
+def test_text_generation_stop_string_and_stream(engine, smollm2) -> None:
+    p = chat(smollm2.tokenizer, "What is the capital of France?")
+    out = engine.generate(p, SamplingParams(max_new_tokens=16, temperature=0.0))
+    assert "Paris" in out.text
+    assert out.prompt_tokens == len(smollm2.tokenizer(p).input_ids)
+    # a stop string ends the request and is cut from the text
+    cut = engine.generate(p, SamplingParams(max_new_tokens=16, temperature=0.0, stop=("Paris",)))
+    assert cut.finish_reason == "stop" and "Paris" not in cut.text
+    assert out.text.startswith(cut.text)
+    assert cut.cached_tokens == out.prompt_tokens - 1  # the same prompt again
+
+    async def stream() -> str:
+        return "".join([c.text async for c in engine.generate_stream(
+            p, SamplingParams(max_new_tokens=16, temperature=0.0))])
+
+    assert asyncio.run(stream()) == out.text
+    engine.check_integrity()
+    stats = engine.stats()
+    assert stats["num_finished"] == 3 and stats["cache_hit_rate"] > 0.5
+
+
+def test_one_shot_generate() -> None:
+    out = radixjax.generate("Hello", max_new_tokens=3, temperature=0.0)
+    assert out.completion_tokens == 3 and isinstance(out.text, str)
