@@ -1,9 +1,26 @@
-"""radixjax: a JAX-native LLM serving engine with a radix-tree KV cache."""
+"""radixjax: a JAX-native LLM serving engine with a radix-tree KV cache.
 
-from radixjax.engine.config import EngineConfig
-from radixjax.engine.engine import Engine, GenerateOutput, StreamChunk, generate
-from radixjax.sampling.params import SamplingParams
+The public names load lazily, so host-only parts (`radixjax.cache`) never import JAX."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Engine", "EngineConfig", "GenerateOutput", "SamplingParams", "StreamChunk",
-           "generate"]
+
+_EXPORTS = {
+    "Engine": "radixjax.engine.engine",
+    "GenerateOutput": "radixjax.engine.engine",
+    "StreamChunk": "radixjax.engine.engine",
+    "generate": "radixjax.engine.engine",
+    "EngineConfig": "radixjax.engine.config",
+    "SamplingParams": "radixjax.sampling.params",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'radixjax' has no attribute {name!r}")
