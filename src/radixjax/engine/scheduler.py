@@ -139,6 +139,8 @@ class Scheduler:
             await self.run_once()
 
     async def run_once(self) -> None:
+        if self.in_flight is not None and self._decode_may_retract():
+            await self._drain()  # retraction needs every token on the host
         batch = self.schedule()
         if batch is None:
             await self._drain()
@@ -161,11 +163,16 @@ class Scheduler:
             previous, self.in_flight = self.in_flight, None
             await self._process(previous)
 
-    def drain_sync(self) -> None:
-        """Process the in-flight step from synchronous code (retraction needs it)."""
-        if self.in_flight is not None:
-            previous, self.in_flight = self.in_flight, None
-            self._process_host(previous, _fetch(previous.out))
+    def _decode_may_retract(self) -> bool:
+        """Whether the next decode step could retract (short of KV, or the test hook)."""
+        every = self.cfg.retract_every
+        if every and (self._num_decode_steps + 1) % every == 0:
+            return True
+        return self._decode_shortfall([r for r in self.running if self._can_decode(r)]) > 0
+
+    def _decode_shortfall(self, decodes: list[Req]) -> int:
+        need = sum(self.kvm.page_size for r in decodes if r.num_computed >= r.slots.size)
+        return need - self.kvm.available_size()
 
     # -- scheduling -------------------------------------------------------------------------
 
@@ -194,7 +201,7 @@ class Scheduler:
             return None
         if self.cfg.enable_mixed:
             decodes = [r for r in self.running if r not in reqs and self._can_decode(r)]
-            decodes = self._reserve_decode_slots(decodes)
+            decodes = self._reserve_decode_slots(decodes, may_retract=False)
             reqs += decodes
             num_new += [1] * len(decodes)
         return self._build(reqs, num_new, is_prefill=True)
@@ -254,30 +261,24 @@ class Scheduler:
             return None
         self._num_decode_steps += 1
         every = self.cfg.retract_every
-        if every and self._num_decode_steps % every == 0 and len(decodes) > 1:
-            self.drain_sync()
-            decodes = [r for r in self.running if self._can_decode(r)]
-            if len(decodes) > 1:
-                self._retract(decodes[-1])
-                decodes = decodes[:-1]
-        decodes = self._reserve_decode_slots(decodes)
+        if every and self._num_decode_steps % every == 0 and len(decodes) > 1 \
+                and decodes[-1].num_pending == 0:
+            self._retract(decodes.pop())
+        decodes = self._reserve_decode_slots(decodes, may_retract=True)
         if not decodes:
             return None
         return self._build(decodes, [1] * len(decodes), is_prefill=False)
 
-    def _reserve_decode_slots(self, decodes: list[Req]) -> list[Req]:
-        """Give each request a slot for its next position, retracting the most recently
-        admitted requests while the pool (free + evictable) is short."""
-        def shortfall(rs: list[Req]) -> int:
-            need = sum(self.kvm.page_size for r in rs if r.num_computed >= r.slots.size)
-            return need - self.kvm.available_size()
-
-        if shortfall(decodes) > 0:
-            self.drain_sync()
-            decodes = [r for r in decodes if r.state is ReqState.RUNNING and self._can_decode(r)]
-            while decodes and shortfall(decodes) > 0 and len(decodes) > 1:
+    def _reserve_decode_slots(self, decodes: list[Req], may_retract: bool) -> list[Req]:
+        """Give each request a slot for its next position. While the pool (free +
+        evictable) is short, retract the most recently admitted requests (run_once has
+        drained the in-flight step first), or, in a mixed step, skip decoding."""
+        if self._decode_shortfall(decodes) > 0:
+            if not may_retract or any(r.num_pending for r in decodes):
+                return []
+            while len(decodes) > 1 and self._decode_shortfall(decodes) > 0:
                 self._retract(decodes.pop())
-            if decodes and shortfall(decodes) > 0:  # one request alone fills the pool
+            if decodes and self._decode_shortfall(decodes) > 0:  # one request fills the pool
                 self.finish(decodes.pop(), "length")
         for r in decodes:
             if r.num_computed >= r.slots.size:
