@@ -49,6 +49,8 @@ class StreamChunk:
     token_ids: list[int]  # new token ids
     finish_reason: str | None = None
     output: GenerateOutput | None = None  # set on the last chunk
+    logprobs: list[float] = field(default_factory=list)  # of this chunk's tokens
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 class Engine:
@@ -61,7 +63,11 @@ class Engine:
 
     def __init__(self, model: str | Path | None = None, *, params: Params | None = None,
                  model_config: ModelConfig | None = None, tokenizer: Any = None,
-                 warmup: bool = False, **engine_options: Any) -> None:
+                 warmup: bool = False, background: bool = True,
+                 **engine_options: Any) -> None:
+        """background=True runs the scheduler on a private loop in a thread (scripts,
+        notebooks). background=False leaves it to the caller: `await start()` inside the
+        loop that should run it (the HTTP server shares uvicorn's loop this way)."""
         self.config = EngineConfig(**engine_options)
         if params is not None:
             if model_config is None:
@@ -87,10 +93,29 @@ class Engine:
             eos = tuple(sorted(set(eos) | {tokenizer.eos_token_id}))
         self.scheduler = Scheduler(self.runner, self.config, eos)
         self._ids = itertools.count()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run_loop, name="radixjax-scheduler",
-                                        daemon=True)
-        self._thread.start()
+        self._task: asyncio.Task | None = None
+        self._thread: threading.Thread | None = None
+        if background:
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._run_loop, name="radixjax-scheduler",
+                                            daemon=True)
+            self._thread.start()
+
+    async def start(self) -> None:
+        """Run the scheduler on the current event loop (background=False)."""
+        if self._thread is not None or self._task is not None:
+            raise RuntimeError("the scheduler is already running")
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self.scheduler.run_forever())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -102,15 +127,24 @@ class Engine:
         finally:
             self._loop.close()
 
+    def _on_loop(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
+
     def _call(self, fn: Callable[[], T]) -> T:
         """Run fn on the scheduler's loop and return its result."""
+        if self._on_loop():
+            return fn()
+
         async def run() -> T:
             return fn()
 
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result()
 
     def shutdown(self) -> None:
-        if not self._thread.is_alive():
+        if self._thread is None or not self._thread.is_alive():
             return
 
         async def stop() -> None:
@@ -189,6 +223,9 @@ class Engine:
             raise RequestError("no prompts given")
         if n < 1:
             raise RequestError("n must be >= 1")
+        if self._on_loop():
+            raise RuntimeError("generate() would block the scheduler's loop: use "
+                               "generate_stream() / agenerate() there")
         sp = self._sampling(sampling_params)
         reqs = [self._make_req(self._tokenize(p), sp, i) for p in plist for i in range(n)]
         futures = [concurrent.futures.Future() for _ in reqs]
@@ -213,14 +250,25 @@ class Engine:
                 fut.set_result(self._output(req))
         return on_tokens
 
+    async def agenerate(self, prompt: Prompt,
+                        sampling_params: SamplingParams | dict | None = None,
+                        index: int = 0) -> GenerateOutput:
+        """One request, awaited on any loop."""
+        last = None
+        async for chunk in self.generate_stream(prompt, sampling_params, index):
+            last = chunk
+        assert last is not None and last.output is not None
+        return last.output
+
     async def generate_stream(self, prompt: Prompt,
                               sampling_params: SamplingParams | dict | None = None,
-                              ) -> AsyncIterator[StreamChunk]:
+                              index: int = 0) -> AsyncIterator[StreamChunk]:
         """Stream one request's output as text deltas that never split a UTF-8
-        character. Leaving the iteration early aborts the request and frees its KV."""
+        character. Leaving the iteration early aborts the request and frees its KV.
+        `index` offsets the seed (the i-th of n samples)."""
         caller = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[list[int], bool]] = asyncio.Queue()
-        req = self._make_req(self._tokenize(prompt), self._sampling(sampling_params), 0)
+        req = self._make_req(self._tokenize(prompt), self._sampling(sampling_params), index)
 
         def on_tokens(r: Req, new: list[int], finished: bool) -> None:
             if not finished:
@@ -232,6 +280,7 @@ class Engine:
             _as_coro(lambda: (self.scheduler.validate(req), self.scheduler.add_request(req))),
             self._loop))
         sent = ""
+        num_sent = 0  # tokens whose logprobs went out
         try:
             while True:
                 new, finished = await queue.get()
@@ -240,10 +289,13 @@ class Engine:
                     full = self._final_text(req) or ""
                     if finished or not full.endswith("\ufffd"):
                         text, sent = full[len(sent):], full
+                end = len(req.logprobs)
+                lps, tops = req.logprobs[num_sent:end], req.top_logprobs[num_sent:end]
+                num_sent = end
                 if finished:
-                    yield StreamChunk(text, new, req.finish_reason, self._output(req))
+                    yield StreamChunk(text, new, req.finish_reason, self._output(req), lps, tops)
                     return
-                yield StreamChunk(text, new)
+                yield StreamChunk(text, new, None, None, lps, tops)
         finally:
             if req.finish_reason is None:
                 self._loop.call_soon_threadsafe(self.scheduler.abort, req)

@@ -1,0 +1,91 @@
+"""python -m radixjax.launch_server: serve a model over an OpenAI-compatible HTTP API.
+
+    python -m radixjax.launch_server                      # default SmolLM2-135M on :30000
+    python -m radixjax.launch_server --model PATH --port 8000 --api-key secret
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from radixjax.engine.config import POLICIES
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m radixjax.launch_server", description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default=None,
+                   help="HF model folder or .gguf file; default: SmolLM2-135M-Instruct GGUF")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model id clients send (default: the file or folder name)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--api-key", default=os.environ.get("RADIXJAX_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (env RADIXJAX_API_KEY)")
+    g = p.add_argument_group("memory and batching")
+    g.add_argument("--num-slots", type=int, default=32768, help="KV pool size in tokens")
+    g.add_argument("--page-size", type=int, default=1, help="KV page size in tokens")
+    g.add_argument("--max-running", type=int, default=32, help="max running requests")
+    g.add_argument("--context-length", type=int, default=4096,
+                   help="max tokens per request (prompt + output)")
+    g.add_argument("--max-prefill-tokens", type=int, default=1024,
+                   help="max new tokens in one prefill step")
+    g.add_argument("--chunk-size", type=int, default=512,
+                   help="chunked prefill: max tokens of one request per step")
+    g = p.add_argument_group("scheduling")
+    g.add_argument("--policy", choices=POLICIES, default="lpm",
+                   help="waiting-queue order: longest cached prefix, DFS weight, or FCFS")
+    g.add_argument("--disable-radix-cache", action="store_true", help="no prefix reuse")
+    g.add_argument("--disable-overlap", action="store_true",
+                   help="process each step's results before dispatching the next")
+    g.add_argument("--enable-mixed", action="store_true",
+                   help="decode requests ride along in prefill steps")
+    g = p.add_argument_group("model")
+    g.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="weight and KV dtype (float32 is faster on CPU)")
+    g.add_argument("--no-warmup", action="store_true",
+                   help="skip compiling the step buckets at start-up")
+    g.add_argument("--default-max-tokens", type=int, default=256,
+                   help="max_tokens when a request gives none")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import uvicorn
+    from tqdm.auto import tqdm
+
+    from radixjax.engine.engine import Engine
+    from radixjax.loaders import default_model_path
+    from radixjax.server.app import ServerConfig, create_app
+
+    steps = tqdm(total=2, desc="loading model", file=sys.stderr)
+    t0 = time.perf_counter()
+    engine = Engine(
+        args.model, background=False, num_slots=args.num_slots, page_size=args.page_size,
+        max_running=args.max_running, max_context=args.context_length,
+        max_prefill_tokens=args.max_prefill_tokens, chunk_size=args.chunk_size,
+        policy=args.policy, enable_cache=not args.disable_radix_cache,
+        enable_overlap=not args.disable_overlap, enable_mixed=args.enable_mixed,
+        dtype=args.dtype,
+    )
+    steps.update(1)
+    if not args.no_warmup:
+        engine.runner.warmup(engine.runner.default_warmup_keys(max_decode_kv=512))
+    steps.update(1)
+    steps.close()
+    name = args.served_model_name or os.path.basename(
+        str(args.model or default_model_path())).removesuffix(".gguf")
+    app = create_app(engine, ServerConfig(name, args.api_key, args.default_max_tokens))
+    print(f"radixjax: serving {name} on http://{args.host}:{args.port} "
+          f"(ready in {time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,289 @@
+"""The Starlette app: OpenAI-compatible and SGLang-style native endpoints over one Engine
+whose scheduler runs on the same event loop (Engine(background=False))."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from radixjax.engine.engine import Engine, GenerateOutput, StreamChunk
+from radixjax.engine.scheduler import RequestError
+from radixjax.sampling.params import SamplingParams, SamplingParamsError
+from radixjax.server.formats import (
+    chat_chunk,
+    chat_response,
+    completion_chunk,
+    completion_response,
+    usage,
+)
+from radixjax.server.metrics import ServerMetrics
+from radixjax.server.protocol import APIError, Parsed, bad, parse_chat, parse_completion
+
+
+@dataclass
+class ServerConfig:
+    model_name: str
+    api_key: str | None = None
+    default_max_tokens: int = 256
+
+
+def create_app(engine: Engine, config: ServerConfig) -> Starlette:
+    metrics = ServerMetrics()
+    tok = engine.tokenizer
+
+    def authorize(request: Request) -> None:
+        if config.api_key is None:
+            return
+        if request.headers.get("authorization", "") != f"Bearer {config.api_key}":
+            raise APIError(401, "Incorrect or missing API key", type_="authentication_error",
+                           code="invalid_api_key")
+
+    async def read_json(request: Request) -> Any:
+        raw = await request.body()
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise bad(f"invalid JSON body: {e}") from e
+
+    def check_model(parsed_body: dict) -> None:
+        if parsed_body.get("model") not in (config.model_name, "default"):
+            raise APIError(404, f"The model '{parsed_body.get('model')}' does not exist",
+                           "model", code="model_not_found")
+
+    async def tokenize(p: Parsed) -> list[int]:
+        """Tokenization runs in a worker thread, off the scheduler's loop."""
+        if p.messages is not None:
+            if tok is None or not getattr(tok, "chat_template", None):
+                raise bad("this model has no chat template")
+
+            def render() -> list[int]:
+                text = tok.apply_chat_template(p.messages, add_generation_prompt=True,
+                                               tokenize=False)
+                return tok(text, add_special_tokens=False).input_ids
+            return await asyncio.to_thread(render)
+        if isinstance(p.prompt, list):
+            return p.prompt
+        if tok is None:
+            raise bad("this model has no tokenizer: send token ids")
+        return await asyncio.to_thread(lambda: tok(p.prompt).input_ids)
+
+    async def run_one(ids: list[int], sp: SamplingParams, index: int,
+                      emit: Callable[[int, StreamChunk], Any] | None) -> GenerateOutput:
+        start, last = time.perf_counter(), None
+        out = None
+        try:
+            async for chunk in engine.generate_stream(ids, sp, index):
+                now = time.perf_counter()
+                if chunk.token_ids:
+                    metrics.observe_token(now - (last or start), first=last is None)
+                    last = now
+                if emit is not None:
+                    await emit(index, chunk)
+                out = chunk.output or out
+        except (RequestError, SamplingParamsError) as e:
+            raise bad(str(e)) from e
+        assert out is not None
+        metrics.on_finished(out)
+        return out
+
+    async def generate(p: Parsed, ids: list[int], emit=None) -> list[GenerateOutput]:
+        metrics.requests.inc()
+        return list(await asyncio.gather(*(run_one(ids, p.sampling, i, emit)
+                                           for i in range(p.n))))
+
+    def sse(obj: Any) -> bytes:
+        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+
+    async def stream_response(p: Parsed, ids: list[int], is_chat: bool) -> StreamingResponse:
+        rid = ("chatcmpl-" if is_chat else "cmpl-") + uuid.uuid4().hex
+        created = int(time.time())
+        make = chat_chunk if is_chat else completion_chunk
+
+        async def body() -> AsyncIterator[bytes]:
+            queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+            async def emit(index: int, chunk: StreamChunk) -> None:
+                if chunk.text or chunk.finish_reason or (is_chat and not chunk.token_ids):
+                    queue.put_nowait(sse(make(rid, created, config.model_name, index, chunk,
+                                              tok, p)))
+
+            if is_chat:
+                for i in range(p.n):
+                    queue.put_nowait(sse(chat_chunk(rid, created, config.model_name, i, None,
+                                                    tok, p)))
+
+            async def produce() -> None:
+                try:
+                    outs = await generate(p, ids, emit)
+                    if p.include_usage:
+                        queue.put_nowait(sse({
+                            "id": rid, "object": "chat.completion.chunk" if is_chat
+                            else "text_completion", "created": created,
+                            "model": config.model_name, "choices": [], "usage": usage(outs)}))
+                except APIError as e:
+                    queue.put_nowait(sse(e.body()))
+                queue.put_nowait(None)
+
+            task = asyncio.create_task(produce())
+            try:
+                while (item := await queue.get()) is not None:
+                    yield item
+                yield b"data: [DONE]\n\n"
+            finally:
+                task.cancel()  # a client that went away aborts its requests
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    async def completions(request: Request) -> Response:
+        authorize(request)
+        body = await read_json(request)
+        p = parse_completion(body, config.default_max_tokens)
+        check_model(body)
+        ids = await tokenize(p)
+        if p.stream:
+            return await stream_response(p, ids, is_chat=False)
+        outs = await generate(p, ids)
+        return JSONResponse(completion_response(config.model_name, outs, tok, p))
+
+    async def chat_completions(request: Request) -> Response:
+        authorize(request)
+        body = await read_json(request)
+        p = parse_chat(body, config.default_max_tokens)
+        check_model(body)
+        ids = await tokenize(p)
+        if p.stream:
+            return await stream_response(p, ids, is_chat=True)
+        outs = await generate(p, ids)
+        return JSONResponse(chat_response(config.model_name, outs, tok, p))
+
+    async def native_generate(request: Request) -> Response:
+        authorize(request)
+        body = await read_json(request)
+        if not isinstance(body, dict) or set(body) - {"text", "input_ids", "sampling_params",
+                                                      "stream", "rid"}:
+            raise bad("expected an object with text or input_ids, sampling_params, stream")
+        raw = body.get("sampling_params") or {}
+        if not isinstance(raw, dict):
+            raise bad("'sampling_params' must be an object", "sampling_params")
+        allowed = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
+                   "stop_token_ids", "ignore_eos"}
+        if set(raw) - allowed:
+            raise bad(f"unknown sampling_params: {sorted(set(raw) - allowed)}",
+                      "sampling_params")
+        try:
+            sp = SamplingParams(**raw)
+        except (SamplingParamsError, TypeError) as e:
+            raise bad(str(e), "sampling_params") from e
+        text, input_ids = body.get("text"), body.get("input_ids")
+        if (text is None) == (input_ids is None):
+            raise bad("give exactly one of 'text' or 'input_ids'")
+        p = Parsed(text if text is not None else input_ids, None, sp, 1,
+                   bool(body.get("stream", False)), False, False, 0)
+        if text is not None and (not isinstance(text, str) or not text):
+            raise bad("'text' must be a non-empty string", "text")
+        if input_ids is not None and not (isinstance(input_ids, list) and input_ids and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in input_ids)):
+            raise bad("'input_ids' must be a non-empty list of integers", "input_ids")
+        ids = await tokenize(p)
+
+        def native(out_text: str, out: GenerateOutput | None, ids_so_far: list[int]) -> dict:
+            meta: dict[str, Any] = {"prompt_tokens": len(ids)}
+            if out is not None:
+                meta.update(completion_tokens=out.completion_tokens,
+                            cached_tokens=out.cached_tokens,
+                            finish_reason={"type": out.finish_reason})
+            return {"text": out_text, "output_ids": ids_so_far, "meta_info": meta}
+
+        if not p.stream:
+            (out,) = await generate(p, ids)
+            return JSONResponse(native(out.text or "", out, out.token_ids))
+
+        async def body_iter() -> AsyncIterator[bytes]:
+            text_so_far, ids_so_far = "", []
+            metrics.requests.inc()
+            async for chunk in engine.generate_stream(ids, sp):
+                text_so_far += chunk.text
+                ids_so_far += chunk.token_ids
+                if chunk.output is not None:
+                    metrics.on_finished(chunk.output)
+                yield sse(native(text_so_far, chunk.output, ids_so_far))
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(body_iter(), media_type="text/event-stream")
+
+    async def models(request: Request) -> Response:
+        authorize(request)
+        return JSONResponse({"object": "list", "data": [{
+            "id": config.model_name, "object": "model", "created": 0, "owned_by": "radixjax",
+            "max_model_len": engine.config.max_context}]})
+
+    async def health(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def health_generate(request: Request) -> Response:
+        authorize(request)
+        out = await engine.agenerate([engine.model_config.bos_token_id or 0],
+                                     SamplingParams(max_new_tokens=1, temperature=0.0))
+        return PlainTextResponse("ok" if out.completion_tokens == 1 else "failed",
+                                 status_code=200 if out.completion_tokens == 1 else 503)
+
+    async def server_info(request: Request) -> Response:
+        authorize(request)
+        return JSONResponse({"model": config.model_name, "engine": asdict(engine.config),
+                             "model_config": asdict(engine.model_config),
+                             "stats": engine.stats()})
+
+    async def flush_cache(request: Request) -> Response:
+        authorize(request)
+        if engine.flush_cache():
+            return PlainTextResponse("Cache flushed.")
+        raise bad("cannot flush the cache while requests are running")
+
+    async def metrics_endpoint(request: Request) -> Response:
+        return Response(metrics.render(engine.stats()), media_type=metrics.content_type)
+
+    async def api_error(request: Request, exc: APIError) -> Response:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        return JSONResponse(APIError(exc.status_code, str(exc.detail)).body(),
+                            status_code=exc.status_code)
+
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        err = APIError(500, f"internal error: {type(exc).__name__}: {exc}",
+                       type_="internal_error")
+        return JSONResponse(err.body(), status_code=500)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await engine.start()
+        try:
+            yield
+        finally:
+            await engine.stop()
+
+    routes = [
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/generate", native_generate, methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/health_generate", health_generate, methods=["GET"]),
+        Route("/get_server_info", server_info, methods=["GET"]),
+        Route("/flush_cache", flush_cache, methods=["POST", "GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={
+        APIError: api_error, HTTPException: http_error, Exception: internal_error})

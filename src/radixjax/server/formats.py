@@ -1,0 +1,100 @@
+"""OpenAI response and stream-chunk bodies."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from radixjax.engine.engine import GenerateOutput, StreamChunk
+from radixjax.server.protocol import Parsed
+
+
+def usage(outs: list[GenerateOutput]) -> dict[str, Any]:
+    prompt = outs[0].prompt_tokens
+    completion = sum(o.completion_tokens for o in outs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": outs[0].cached_tokens}}
+
+
+def _piece(tok: Any, token: int) -> str:
+    return tok.decode([token]) if tok is not None else str(token)
+
+
+def chat_logprobs(tok: Any, ids: list[int], lps: list[float],
+                  tops: list[list[tuple[int, float]]], p: Parsed) -> dict | None:
+    if not p.logprobs:
+        return None
+    content = []
+    for i, (t, lp) in enumerate(zip(ids, lps, strict=False)):
+        s = _piece(tok, t)
+        entry = {"token": s, "logprob": lp, "bytes": list(s.encode()), "top_logprobs": []}
+        if p.top_logprobs and i < len(tops):
+            entry["top_logprobs"] = [
+                {"token": _piece(tok, tt), "logprob": tl, "bytes": list(_piece(tok, tt).encode())}
+                for tt, tl in tops[i]]
+        content.append(entry)
+    return {"content": content}
+
+
+def completion_logprobs(tok: Any, ids: list[int], lps: list[float],
+                        tops: list[list[tuple[int, float]]], p: Parsed) -> dict | None:
+    if not p.logprobs:
+        return None
+    tokens = [_piece(tok, t) for t in ids]
+    offsets, pos = [], 0
+    for s in tokens:
+        offsets.append(pos)
+        pos += len(s)
+    top = [{_piece(tok, tt): tl for tt, tl in row} for row in tops] if p.top_logprobs else None
+    return {"tokens": tokens, "token_logprobs": lps[: len(tokens)], "top_logprobs": top,
+            "text_offset": offsets}
+
+
+def completion_response(model: str, outs: list[GenerateOutput], tok: Any, p: Parsed) -> dict:
+    return {
+        "id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion",
+        "created": int(time.time()), "model": model,
+        "choices": [{"index": i, "text": o.text or "", "finish_reason": o.finish_reason,
+                     "logprobs": completion_logprobs(tok, o.token_ids, o.logprobs,
+                                                     o.top_logprobs, p)}
+                    for i, o in enumerate(outs)],
+        "usage": usage(outs),
+    }
+
+
+def chat_response(model: str, outs: list[GenerateOutput], tok: Any, p: Parsed) -> dict:
+    return {
+        "id": "chatcmpl-" + uuid.uuid4().hex, "object": "chat.completion",
+        "created": int(time.time()), "model": model,
+        "choices": [{"index": i,
+                     "message": {"role": "assistant", "content": o.text or ""},
+                     "finish_reason": o.finish_reason,
+                     "logprobs": chat_logprobs(tok, o.token_ids, o.logprobs, o.top_logprobs, p)}
+                    for i, o in enumerate(outs)],
+        "usage": usage(outs),
+    }
+
+
+def chat_chunk(rid: str, created: int, model: str, index: int, chunk: StreamChunk | None,
+               tok: Any, p: Parsed) -> dict:
+    """chunk None: the opening chunk with the assistant role."""
+    if chunk is None:
+        delta: dict[str, Any] = {"role": "assistant", "content": ""}
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+    else:
+        choice = {"index": index, "delta": {"content": chunk.text} if chunk.text else {},
+                  "logprobs": chat_logprobs(tok, chunk.token_ids, chunk.logprobs,
+                                            chunk.top_logprobs, p),
+                  "finish_reason": chunk.finish_reason}
+    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [choice]}
+
+
+def completion_chunk(rid: str, created: int, model: str, index: int, chunk: StreamChunk,
+                     tok: Any, p: Parsed) -> dict:
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": index, "text": chunk.text, "finish_reason": chunk.finish_reason,
+                         "logprobs": completion_logprobs(tok, chunk.token_ids, chunk.logprobs,
+                                                         chunk.top_logprobs, p)}]}

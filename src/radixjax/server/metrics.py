@@ -1,0 +1,52 @@
+"""Prometheus metrics (prometheus-client), one registry per app (no process globals)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from radixjax.engine.engine import GenerateOutput
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class ServerMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        p = "radixjax_"
+        self.requests = Counter(p + "requests", "Generation requests received", registry=r)
+        self.finished = Counter(p + "requests_finished", "Requests finished, by reason",
+                                ["reason"], registry=r)
+        self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens", registry=r)
+        self.cached_tokens = Counter(p + "cached_tokens", "Prompt tokens from the radix cache",
+                                     registry=r)
+        self.generated_tokens = Counter(p + "generation_tokens", "Generated tokens", registry=r)
+        self.ttft = Histogram(p + "time_to_first_token_seconds", "Time to first token",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram(p + "inter_token_latency_seconds", "Time between tokens",
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.running = Gauge(p + "num_running_reqs", "Running requests", registry=r)
+        self.waiting = Gauge(p + "num_waiting_reqs", "Waiting requests", registry=r)
+        self.kv_usage = Gauge(p + "kv_cache_usage", "Fraction of KV slots in use", registry=r)
+        self.hit_rate = Gauge(p + "cache_hit_rate", "Cached / prompt tokens", registry=r)
+        self.throughput = Gauge(p + "gen_throughput", "Generated tokens/s since start",
+                                registry=r)
+
+    def observe_token(self, seconds: float, first: bool) -> None:
+        (self.ttft if first else self.itl).observe(seconds)
+
+    def on_finished(self, out: GenerateOutput) -> None:
+        self.finished.labels(reason=out.finish_reason or "unknown").inc()
+        self.prompt_tokens.inc(out.prompt_tokens)
+        self.cached_tokens.inc(out.cached_tokens)
+        self.generated_tokens.inc(out.completion_tokens)
+
+    def render(self, stats: dict[str, float]) -> bytes:
+        self.running.set(stats["num_running"])
+        self.waiting.set(stats["num_waiting"])
+        self.kv_usage.set(stats["kv_usage"])
+        self.hit_rate.set(stats["cache_hit_rate"])
+        self.throughput.set(stats["generated_tokens_per_s"])
+        return generate_latest(self.registry)

@@ -1,0 +1,198 @@
+"""OpenAI request parsing and validation: every bad field is an `APIError` (HTTP 4xx with
+an OpenAI-style error body), never an exception from deeper down."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from radixjax.sampling.params import MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 type_: str = "invalid_request_error", code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.type, self.code = (
+            status, message, param, type_, code)
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+def bad(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param)
+
+
+@dataclass
+class Parsed:
+    """A validated generation request."""
+
+    prompt: str | list[int] | None  # completions; None for chat
+    messages: list[dict[str, Any]] | None  # chat
+    sampling: SamplingParams
+    n: int
+    stream: bool
+    include_usage: bool
+    logprobs: bool
+    top_logprobs: int
+    echo: bool = False
+
+
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
+           "stream", "stream_options", "seed", "frequency_penalty", "presence_penalty",
+           "logprobs", "top_logprobs", "user", "ignore_eos", "logit_bias"}
+COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "suffix", "best_of"}
+CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "response_format", "tools",
+                         "tool_choice", "parallel_tool_calls"}
+MAX_N = 16
+
+
+def _typed(body: dict, name: str, types: tuple[type, ...], default: Any) -> Any:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) and bool not in types:
+        raise bad(f"'{name}' must be of type {types[0].__name__}", name)
+    if not isinstance(value, types):
+        raise bad(f"'{name}' must be of type {types[0].__name__}, got {type(value).__name__}",
+                  name)
+    return value
+
+
+def _in_range(name: str, value: float, lo: float, hi: float) -> None:
+    if not lo <= value <= hi:
+        raise bad(f"'{name}' must be between {lo} and {hi}, got {value}", name)
+
+
+def _check_fields(body: Any, allowed: set[str]) -> None:
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise bad(f"Unrecognized request argument supplied: {', '.join(unknown)}", unknown[0])
+    if not isinstance(body.get("model"), str):
+        raise bad("'model' is required and must be a string", "model")
+    for unsupported in ("suffix", "tools", "logit_bias"):
+        if body.get(unsupported):
+            raise bad(f"'{unsupported}' is not supported", unsupported)
+    if body.get("best_of") not in (None, 1):
+        raise bad("'best_of' other than 1 is not supported", "best_of")
+    if body.get("response_format") not in (None, {"type": "text"}):
+        raise bad("'response_format' other than text is not supported yet", "response_format")
+
+
+def _sampling(body: dict, max_tokens: int | None, default_max: int) -> tuple[SamplingParams,
+                                                                             int, bool]:
+    temperature = float(_typed(body, "temperature", (int, float), 1.0))
+    _in_range("temperature", temperature, 0.0, 2.0)
+    top_p = float(_typed(body, "top_p", (int, float), 1.0))
+    _in_range("top_p", top_p, 1e-9, 1.0)
+    min_p = float(_typed(body, "min_p", (int, float), 0.0))
+    _in_range("min_p", min_p, 0.0, 1.0)
+    top_k = _typed(body, "top_k", (int,), -1)
+    for pen in ("frequency_penalty", "presence_penalty"):
+        value = float(_typed(body, pen, (int, float), 0.0))
+        _in_range(pen, value, -2.0, 2.0)
+        if value != 0.0:
+            raise bad(f"'{pen}' is not supported yet", pen)
+    n = _typed(body, "n", (int,), 1)
+    _in_range("n", n, 1, MAX_N)
+    seed = _typed(body, "seed", (int,), None)
+    if seed is not None:
+        _in_range("seed", seed, 0, 2**31 - 1)
+    stop = body.get("stop")
+    if stop is None:
+        stops: tuple[str, ...] = ()
+    elif isinstance(stop, str):
+        stops = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop) and len(stop) <= 4:
+        stops = tuple(stop)
+    else:
+        raise bad("'stop' must be a string or a list of at most 4 strings", "stop")
+    if max_tokens is None:
+        max_tokens = default_max
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise bad("'max_tokens' must be an integer >= 1", "max_tokens")
+    stream = _typed(body, "stream", (bool,), False)
+    ignore_eos = _typed(body, "ignore_eos", (bool,), False)
+    try:
+        sp = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k,
+                            top_p=top_p, min_p=min_p, seed=seed, stop=stops,
+                            ignore_eos=ignore_eos)
+    except SamplingParamsError as e:
+        raise bad(str(e)) from e
+    return sp, n, stream
+
+
+def _include_usage(body: dict, stream: bool) -> bool:
+    opts = body.get("stream_options")
+    if opts is None:
+        return False
+    if not isinstance(opts, dict) or set(opts) - {"include_usage", "continuous_usage_stats"}:
+        raise bad("'stream_options' must be an object with 'include_usage'", "stream_options")
+    if not stream:
+        raise bad("'stream_options' is only allowed when 'stream' is true", "stream_options")
+    return bool(opts.get("include_usage", False))
+
+
+def parse_completion(body: Any, default_max: int) -> Parsed:
+    _check_fields(body, COMPLETION_FIELDS)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad("'prompt' must not be empty", "prompt")
+    elif isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        prompt = list(prompt)
+    else:
+        raise bad("'prompt' must be a non-empty string or a list of token ids", "prompt")
+    sp, n, stream = _sampling(body, body.get("max_tokens"), default_max)
+    logprobs = _typed(body, "logprobs", (int,), None)
+    if logprobs is not None:
+        _in_range("logprobs", logprobs, 0, 5)
+    echo = _typed(body, "echo", (bool,), False)
+    if echo:
+        raise bad("'echo' is not supported", "echo")
+    top = logprobs or 0
+    sp = _with_logprobs(sp, logprobs is not None, top)
+    return Parsed(prompt, None, sp, n, stream, _include_usage(body, stream),
+                  logprobs is not None, top)
+
+
+def parse_chat(body: Any, default_max: int) -> Parsed:
+    _check_fields(body, CHAT_FIELDS)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("'messages' must be a non-empty list", "messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant",
+                                                             "developer", "tool"):
+            raise bad(f"messages[{i}] must be an object with a valid 'role'", "messages")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: only text
+            if not all(isinstance(p, dict) and p.get("type") == "text"
+                       and isinstance(p.get("text"), str) for p in content):
+                raise bad(f"messages[{i}].content: only text parts are supported", "messages")
+            m = dict(m, content="".join(p["text"] for p in content))
+            messages[i] = m
+        elif not isinstance(content, str):
+            raise bad(f"messages[{i}].content must be a string", "messages")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    sp, n, stream = _sampling(body, max_tokens, default_max)
+    logprobs = _typed(body, "logprobs", (bool,), False)
+    top = _typed(body, "top_logprobs", (int,), 0)
+    _in_range("top_logprobs", top, 0, MAX_TOP_LOGPROBS)
+    if top and not logprobs:
+        raise bad("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
+    sp = _with_logprobs(sp, logprobs, top)
+    return Parsed(None, messages, sp, n, stream, _include_usage(body, stream), logprobs, top)
+
+
+def _with_logprobs(sp: SamplingParams, logprobs: bool, top: int) -> SamplingParams:
+    from dataclasses import replace
+
+    return replace(sp, logprobs=logprobs, top_logprobs=top)
