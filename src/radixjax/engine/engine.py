@@ -308,7 +308,7 @@ class Engine:
             usable = s.kvm.allocator.num_usable_slots
             used = usable - s.kvm.allocator.num_free_slots - s.kvm.tree.evictable_size()
             return s.stats.snapshot(num_running=len(s.running), num_waiting=len(s.waiting),
-                                    kv_usage=used / usable,
+                                    kv_usage=used / usable, kv_held=s.kvm.num_held,
                                     num_late_compiles=self.runner.num_late_compiles)
         return self._call(snap)
 

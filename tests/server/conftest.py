@@ -1,0 +1,60 @@
+"""A real server: `python -m radixjax.launch_server` on a free loopback port."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+SERVER_ARGS = ["--no-warmup", "--num-slots", "4096", "--max-running", "8",
+               "--context-length", "512", "--max-prefill-tokens", "256", "--chunk-size", "256",
+               "--default-max-tokens", "16"]
+MODEL = "SmolLM2-135M-Instruct.Q4_1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(extra: list[str] = ()) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "radixjax.launch_server", "--port", str(port), *SERVER_ARGS,
+         *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {proc.stdout.read()}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("server did not become healthy")
+
+
+@pytest.fixture(scope="session")
+def server():
+    proc, url = start_server()
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def wait_idle(url: str, timeout: float = 30.0) -> dict:
+    """Server stats once no request runs or waits and no KV is held by requests."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = httpx.get(url + "/get_server_info", timeout=10).json()["stats"]
+        idle = stats["num_running"] == 0 and stats["num_waiting"] == 0 and stats["kv_held"] == 0
+        if idle or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.2)
