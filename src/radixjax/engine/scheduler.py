@@ -150,7 +150,10 @@ class Scheduler:
         )
         if not overlap:
             await self._drain()
-        out = self.runner.step(batch.host, _sampling(batch), batch.opts)
+        # Dispatch off the loop too: it returns at once, except when a new shape compiles
+        # (seconds), which must not stall the HTTP server sharing this loop.
+        out = await asyncio.to_thread(self.runner.step, batch.host, _sampling(batch),
+                                      batch.opts)
         self.stats.on_step(batch.is_prefill, sum(batch.num_new))
         previous, self.in_flight = self.in_flight, InFlight(batch, out)
         if previous is not None:
