@@ -2,7 +2,10 @@
 PROMPT ?= What is the capital of France?
 PYTEST_ARGS ?=
 
-.PHONY: test run setup-test setup-run
+HOST ?= 127.0.0.1
+PORT ?= 30000
+
+.PHONY: test run serve setup-test setup-run
 
 setup-test:
 	bash scripts/setup.sh test
@@ -17,3 +20,6 @@ test: setup-test
 
 run: setup-run
 	.venv/bin/python -m radixjax.cli --prompt "$(PROMPT)"
+
+serve: setup-run
+	.venv/bin/python -m radixjax.launch_server --host $(HOST) --port $(PORT)
