@@ -211,11 +211,12 @@ class Engine:
                 self.scheduler.finish(req, "stop")
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
-                 sampling_params: SamplingParams | dict | None = None,
+                 sampling_params: SamplingParams | dict | Sequence | None = None,
                  n: int = 1) -> GenerateOutput | list[GenerateOutput]:
         """Generate for one prompt (text or token ids) or a list of them, all submitted at
-        once and batched by the scheduler. `n` samples per prompt share its KV.
-        Returns one output for a single prompt with n == 1, else a prompt-major list."""
+        once and batched by the scheduler; `sampling_params` is one for all or a list,
+        one per prompt. `n` samples per prompt share its KV. Returns one output for a
+        single prompt with n == 1, else a prompt-major list."""
         single = isinstance(prompts, str) or (
             len(prompts) > 0 and isinstance(prompts[0], int | np.integer))
         plist: list[Prompt] = [prompts] if single else list(prompts)  # type: ignore[list-item]
@@ -226,8 +227,14 @@ class Engine:
         if self._on_loop():
             raise RuntimeError("generate() would block the scheduler's loop: use "
                                "generate_stream() / agenerate() there")
-        sp = self._sampling(sampling_params)
-        reqs = [self._make_req(self._tokenize(p), sp, i) for p in plist for i in range(n)]
+        if isinstance(sampling_params, list | tuple):
+            if len(sampling_params) != len(plist):
+                raise RequestError("need one sampling_params per prompt")
+            sps = [self._sampling(s) for s in sampling_params]
+        else:
+            sps = [self._sampling(sampling_params)] * len(plist)
+        reqs = [self._make_req(self._tokenize(p), sp, i)
+                for p, sp in zip(plist, sps, strict=True) for i in range(n)]
         futures = [concurrent.futures.Future() for _ in reqs]
         for req, fut in zip(reqs, futures, strict=True):
             req.on_tokens = self._on_tokens_for(fut)

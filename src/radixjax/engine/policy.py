@@ -20,7 +20,11 @@ class Ordered(NamedTuple):
 
 
 def match_tokens(req: Req) -> list[int]:
-    """What to look up: all known tokens but the last, so at least one is computed."""
+    """What to look up: all known tokens but the last, so at least one is computed. A
+    request with penalties matches its prompt only: its outputs are re-fed so the device
+    can count them again after a retraction (runtime/penalties.py)."""
+    if req.sampling.has_penalties:
+        return req.all_ids[: min(len(req.prompt_ids), req.seq_len - 1)]
     return req.all_ids[:-1]
 
 

@@ -74,6 +74,7 @@ class Req:
     num_computed: int = 0
     num_pending: int = 0
     is_aborted: bool = False
+    needs_count_reset: bool = False  # set at admission: the penalty counts start over
     stats: ReqStats = field(default_factory=ReqStats)
 
     @property

@@ -202,12 +202,13 @@ class Scheduler:
             self._admit(reqs, num_new, budget)
         if not reqs:
             return None
+        num_extend = len(reqs)
         if self.cfg.enable_mixed:
             decodes = [r for r in self.running if r not in reqs and self._can_decode(r)]
             decodes = self._reserve_decode_slots(decodes, may_retract=False)
             reqs += decodes
             num_new += [1] * len(decodes)
-        return self._build(reqs, num_new, is_prefill=True)
+        return self._build(reqs, num_new, is_prefill=True, num_extend=num_extend)
 
     def _admit(self, reqs: list[Req], num_new: list[int], budget: int) -> None:
         ordered = self.policy.order(self.waiting, [r for r in reqs if r.is_prefilling])
@@ -241,6 +242,7 @@ class Scheduler:
             r.num_cached = r.num_computed = cached
             r.last_node = match.last_node
             r.state = ReqState.RUNNING
+            r.needs_count_reset = True
             if r.stats.admitted is None:
                 r.stats.admitted = self.stats.now()
                 r.stats.prompt_tokens = len(r.prompt_ids)
@@ -301,17 +303,24 @@ class Scheduler:
         self.stats.num_retractions += 1
         self.waiting.insert(0, r)
 
-    def _build(self, reqs: list[Req], num_new: list[int], is_prefill: bool) -> ScheduledBatch:
+    def _build(self, reqs: list[Req], num_new: list[int], is_prefill: bool,
+               num_extend: int = 0) -> ScheduledBatch:
+        """num_extend: the leading requests that extend (prefill); the rest decode."""
         slices, samples = [], []
-        for r, n in zip(reqs, num_new, strict=True):
+        for i, (r, n) in enumerate(zip(reqs, num_new, strict=True)):
             start, end = r.num_computed, r.num_computed + n
             from_device = r.num_pending > 0 and end == r.seq_len
             known = r.all_ids
             tokens = np.array(known[start:end] if not from_device
                               else known[start:end - 1] + [0], np.int32)
             self.rows.write(r.row, start, r.slots[start:end])
+            # Penalty counts: outputs fed by an extend are (re)counted; a decode's input
+            # was counted when it was sampled.
+            count_from = len(r.prompt_ids) if i < num_extend else 1 << 30
             slices.append(RequestSlice(tokens, r.slots[:end].astype(np.int32), r.row,
-                                       from_device and n == 1))
+                                       from_device and n == 1, r.needs_count_reset,
+                                       count_from, end == r.seq_len))
+            r.needs_count_reset = False
             samples.append(end == r.seq_len)
         host = build_batch(slices, self.runner.buckets, spare_row=self.cfg.max_running)
         wants_logprobs = any(r.sampling.logprobs for r in reqs)
@@ -320,6 +329,7 @@ class Scheduler:
             do_sample=any(not r.sampling.is_greedy for r in reqs),
             return_logprobs=wants_logprobs,
             num_top_logprobs=MAX_TOP_LOGPROBS if wants_top else 0,
+            use_penalties=any(r.sampling.has_penalties for r in reqs),
         )
         batch = ScheduledBatch(reqs, num_new, samples, is_prefill, host, opts)
         self._after_dispatch_bookkeeping(batch)

@@ -67,6 +67,10 @@ class RequestSlice(NamedTuple):
     row: int = 0  # the request's row in the device token buffer (its req_to_token row)
     first_from_device: bool = False  # new_tokens[0] is a placeholder: take the token the
     # previous step sampled for this row (the overlap scheduler's future map)
+    # Output-token counts for frequency/presence penalties (runtime/penalties.py):
+    reset_counts: bool = False  # zero the row's counts first (a new admission)
+    count_from: int = 1 << 30  # fed tokens at positions >= this are added to the counts
+    count_sampled: bool = False  # the sampled token is a real output: count it
 
 
 class TokenSource(NamedTuple):
@@ -80,6 +84,9 @@ class TokenSource(NamedTuple):
     use_last: np.ndarray  # [T] bool
     token_row: np.ndarray  # [T] int32
     req_row: np.ndarray  # [B] int32 (padded requests: the spare last row)
+    count_input: np.ndarray  # [T] bool, add this fed token to its request's counts
+    reset_row: np.ndarray  # [B] bool
+    count_sampled: np.ndarray  # [B] bool
 
 
 class HostBatch(NamedTuple):
@@ -115,6 +122,9 @@ def build_batch(
     use_last = np.zeros(t, bool)
     token_row = np.zeros(t, np.int32)
     req_row = np.full(b, spare_row, np.int32)
+    count_input = np.zeros(t, bool)
+    reset_row = np.zeros(b, bool)
+    count_sampled = np.zeros(b, bool)
     start = 0
     for i, (r, q, k) in enumerate(zip(reqs, q_lens, kv_lens, strict=True)):
         end = start + q
@@ -127,7 +137,11 @@ def build_batch(
         use_last[start] = r.first_from_device
         token_row[start:end] = r.row
         req_row[i] = r.row
+        count_input[start:end] = positions[start:end] >= r.count_from
+        reset_row[i] = r.reset_counts
+        count_sampled[i] = r.count_sampled
         start = end
     q_start[len(reqs) :] = start  # padded requests: empty range at the end
     md = AttentionMetadata(positions, out_slots, token_req, q_start, q_len, kv_len, kv_slots)
-    return HostBatch(input_ids, md, shape, len(reqs), TokenSource(use_last, token_row, req_row))
+    src = TokenSource(use_last, token_row, req_row, count_input, reset_row, count_sampled)
+    return HostBatch(input_ids, md, shape, len(reqs), src)

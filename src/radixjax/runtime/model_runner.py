@@ -19,6 +19,7 @@ from radixjax.model.config import ModelConfig
 from radixjax.model.llama import KVPool, forward, init_kv_pool
 from radixjax.model.params import Params
 from radixjax.runtime.batch import DUMMY_SLOT, Buckets, HostBatch, TokenSource
+from radixjax.runtime.penalties import apply_penalties, gather_counts, store_counts
 from radixjax.sampling.params import MAX_TOP_LOGPROBS, SamplingArrays
 from radixjax.sampling.sampler import SampleOutput, sample
 
@@ -56,6 +57,7 @@ class StepOptions:
     do_sample: bool = False  # False: every row greedy, skip the sort
     return_logprobs: bool = False
     num_top_logprobs: int = 0
+    use_penalties: bool = False  # some request has frequency/presence penalties
 
 
 class StepKey(NamedTuple):
@@ -64,19 +66,24 @@ class StepKey(NamedTuple):
 
 
 def _step(
-    params: Params, kv: KVPool, last_tokens: jax.Array, input_ids: jax.Array,
-    src: TokenSource, md: AttentionMetadata, sp: SamplingArrays, *, cfg: ModelConfig,
-    shape: BatchShape, backend: str, opts: StepOptions,
-) -> tuple[SampleOutput, KVPool, jax.Array]:
+    params: Params, kv: KVPool, last_tokens: jax.Array, counts: jax.Array,
+    input_ids: jax.Array, src: TokenSource, md: AttentionMetadata, sp: SamplingArrays, *,
+    cfg: ModelConfig, shape: BatchShape, backend: str, opts: StepOptions,
+) -> tuple[SampleOutput, KVPool, jax.Array, jax.Array]:
     input_ids = jnp.where(src.use_last, last_tokens[src.token_row], input_ids)
     logits, kv = forward(
         params, kv, input_ids, md, cfg=cfg, shape=shape, backend=get_backend(backend)
     )
+    if opts.use_penalties:
+        rows = gather_counts(counts, input_ids, src, md)
+        logits = apply_penalties(logits, rows, sp)
     out = sample(
         logits, sp, md.kv_len, do_sample=opts.do_sample,
         num_top_logprobs=opts.num_top_logprobs, return_logprobs=opts.return_logprobs,
     )
-    return out, kv, last_tokens.at[src.req_row].set(out.tokens)
+    if opts.use_penalties:
+        counts = store_counts(counts, rows, out.tokens, src)
+    return out, kv, last_tokens.at[src.req_row].set(out.tokens), counts
 
 
 def _all_logits(
@@ -100,10 +107,12 @@ class ModelRunner:
         self.kv: KVPool = init_kv_pool(cfg, config.num_slots, DTYPES[config.kv_dtype])
         # The future map: last sampled token per request row ([num_token_rows] int32).
         self.last_tokens = jnp.zeros(config.num_token_rows, jnp.int32)
+        # Output-token counts per request row, for penalties ([rows, V] int32).
+        self.token_counts = jnp.zeros((config.num_token_rows, cfg.vocab_size), jnp.int32)
         statics = dict(cfg=cfg, backend=config.attention_backend)
         self._step = jax.jit(
             partial(_step, **statics), static_argnames=("shape", "opts"),
-            donate_argnames=("kv", "last_tokens"),
+            donate_argnames=("kv", "last_tokens", "counts"),
         )
         self._logits = jax.jit(
             partial(_all_logits, **statics), static_argnames="shape", donate_argnames="kv"
@@ -125,8 +134,8 @@ class ModelRunner:
         if opts.num_top_logprobs > MAX_TOP_LOGPROBS:
             raise ValueError(f"num_top_logprobs must be <= {MAX_TOP_LOGPROBS}")
         self._note_compile(StepKey(batch.shape, opts))
-        out, self.kv, self.last_tokens = self._step(
-            self.params, self.kv, self.last_tokens,
+        out, self.kv, self.last_tokens, self.token_counts = self._step(
+            self.params, self.kv, self.last_tokens, self.token_counts,
             *jax.device_put((batch.input_ids, _source(batch), batch.md, sp)),
             shape=batch.shape, opts=opts,
         )
@@ -170,7 +179,8 @@ def _source(batch: HostBatch) -> TokenSource:
     if batch.src is not None:
         return batch.src
     t, b = batch.shape.num_tokens, batch.shape.num_reqs
-    return TokenSource(np.zeros(t, bool), np.zeros(t, np.int32), np.zeros(b, np.int32))
+    return TokenSource(np.zeros(t, bool), np.zeros(t, np.int32), np.zeros(b, np.int32),
+                       np.zeros(t, bool), np.zeros(b, bool), np.zeros(b, bool))
 
 
 def _padding_batch(shape: BatchShape, spare_row: int) -> HostBatch:
@@ -180,5 +190,6 @@ def _padding_batch(shape: BatchShape, spare_row: int) -> HostBatch:
         positions=z(t), out_slots=np.full(t, DUMMY_SLOT, np.int32), token_req=z(t),
         q_start=z(b), q_len=z(b), kv_len=z(b), kv_slots=z((b, shape.max_kv)),
     )
-    src = TokenSource(np.zeros(t, bool), z(t), np.full(b, spare_row, np.int32))
+    src = TokenSource(np.zeros(t, bool), z(t), np.full(b, spare_row, np.int32),
+                      np.zeros(t, bool), np.zeros(b, bool), np.zeros(b, bool))
     return HostBatch(z(t), md, shape, 0, src)

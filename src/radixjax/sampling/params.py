@@ -31,6 +31,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()  # stop strings (checked by the engine on decoded text)
     ignore_eos: bool = False
+    frequency_penalty: float = 0.0  # OpenAI: logit -= freq * count(token in the output)
+    presence_penalty: float = 0.0  # OpenAI: logit -= pres * (token in the output)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -53,11 +55,19 @@ class SamplingParams:
         check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**31),
               f"seed must be an integer in [0, 2^31), got {self.seed!r}")
         check(all(isinstance(s, str) for s in self.stop), "stop must be strings")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            check(isinstance(value, int | float) and -2.0 <= value <= 2.0,
+                  f"{name} must be in [-2, 2], got {value!r}")
         check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
               "stop_token_ids must be non-negative integers")
         check(isinstance(self.top_logprobs, int)
               and 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS,
               f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
     @property
     def is_greedy(self) -> bool:
@@ -72,6 +82,8 @@ class SamplingArrays(NamedTuple):
     top_p: np.ndarray  # [B] f32
     min_p: np.ndarray  # [B] f32
     seed: np.ndarray  # [B] int32
+    frequency_penalty: np.ndarray  # [B] f32
+    presence_penalty: np.ndarray  # [B] f32
 
     @staticmethod
     def build(params: list[SamplingParams], seeds: list[int], num_rows: int) -> SamplingArrays:
@@ -82,4 +94,8 @@ class SamplingArrays(NamedTuple):
             top_p=np.array([p.top_p for p in params] + [1.0] * pad, np.float32),
             min_p=np.array([p.min_p for p in params] + [0.0] * pad, np.float32),
             seed=np.array(list(seeds) + [0] * pad, np.int32),
+            frequency_penalty=np.array([p.frequency_penalty for p in params] + [0.0] * pad,
+                                       np.float32),
+            presence_penalty=np.array([p.presence_penalty for p in params] + [0.0] * pad,
+                                      np.float32),
         )

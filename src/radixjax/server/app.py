@@ -178,7 +178,7 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         if not isinstance(raw, dict):
             raise bad("'sampling_params' must be an object", "sampling_params")
         allowed = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-                   "stop_token_ids", "ignore_eos"}
+                   "stop_token_ids", "ignore_eos", "frequency_penalty", "presence_penalty"}
         if set(raw) - allowed:
             raise bad(f"unknown sampling_params: {sorted(set(raw) - allowed)}",
                       "sampling_params")

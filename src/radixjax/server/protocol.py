@@ -92,11 +92,10 @@ def _sampling(body: dict, max_tokens: int | None, default_max: int) -> tuple[Sam
     min_p = float(_typed(body, "min_p", (int, float), 0.0))
     _in_range("min_p", min_p, 0.0, 1.0)
     top_k = _typed(body, "top_k", (int,), -1)
+    penalties = {}
     for pen in ("frequency_penalty", "presence_penalty"):
-        value = float(_typed(body, pen, (int, float), 0.0))
-        _in_range(pen, value, -2.0, 2.0)
-        if value != 0.0:
-            raise bad(f"'{pen}' is not supported yet", pen)
+        penalties[pen] = float(_typed(body, pen, (int, float), 0.0))
+        _in_range(pen, penalties[pen], -2.0, 2.0)
     n = _typed(body, "n", (int,), 1)
     _in_range("n", n, 1, MAX_N)
     seed = _typed(body, "seed", (int,), None)
@@ -120,7 +119,7 @@ def _sampling(body: dict, max_tokens: int | None, default_max: int) -> tuple[Sam
     try:
         sp = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k,
                             top_p=top_p, min_p=min_p, seed=seed, stop=stops,
-                            ignore_eos=ignore_eos)
+                            ignore_eos=ignore_eos, **penalties)
     except SamplingParamsError as e:
         raise bad(str(e)) from e
     return sp, n, stream

@@ -1,0 +1,39 @@
+"""Frequency / presence penalties from a device-side count of each request's output
+tokens: `counts [num_token_rows, V] int32`, one row per request row (like the token
+buffer), updated inside the jitted step so no [B, V] array crosses the host link.
+
+Per step, for the batch's rows: zero rows of new admissions, add fed output tokens
+(a re-prefill after retraction re-feeds its outputs), penalize the logits, and add the
+sampled tokens that are real outputs. Only compiled into steps that carry a penalized
+request (StepOptions.use_penalties), so other steps pay nothing.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from radixjax.model.attention import AttentionMetadata
+from radixjax.runtime.batch import TokenSource
+from radixjax.sampling.params import SamplingArrays
+
+
+def gather_counts(counts: jax.Array, input_ids: jax.Array, src: TokenSource,
+                  md: AttentionMetadata) -> jax.Array:
+    """-> [B, V] counts of the batch's requests, after resets and fed output tokens."""
+    rows = jnp.where(src.reset_row[:, None], 0, counts[src.req_row])  # [B, V]
+    return rows.at[md.token_req, input_ids].add(src.count_input.astype(jnp.int32))
+
+
+def apply_penalties(logits: jax.Array, rows: jax.Array, sp: SamplingArrays) -> jax.Array:
+    """logits, rows: [B, V] -> logits - freq * count - pres * (count > 0)."""
+    c = rows.astype(jnp.float32)
+    return (logits - sp.frequency_penalty[:, None] * c
+            - sp.presence_penalty[:, None] * (c > 0).astype(jnp.float32))
+
+
+def store_counts(counts: jax.Array, rows: jax.Array, tokens: jax.Array,
+                 src: TokenSource) -> jax.Array:
+    b = rows.shape[0]
+    rows = rows.at[jnp.arange(b), tokens].add(src.count_sampled.astype(jnp.int32))
+    return counts.at[src.req_row].set(rows)
