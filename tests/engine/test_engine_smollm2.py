@@ -40,9 +40,25 @@ def test_text_generation_stop_string_and_stream(engine, smollm2) -> None:
             p, SamplingParams(max_new_tokens=16, temperature=0.0))])
 
     assert asyncio.run(stream()) == out.text
+
+    async def stream_with_stop() -> list[str]:
+        return [c.text async for c in engine.generate_stream(
+            p, SamplingParams(max_new_tokens=16, temperature=0.0, stop=("Paris",)))]
+
+    pieces = asyncio.run(stream_with_stop())
+    assert "".join(pieces) == cut.text  # no piece of the stop string ever went out
     engine.check_integrity()
     stats = engine.stats()
-    assert stats["num_finished"] == 3 and stats["cache_hit_rate"] > 0.5
+    assert stats["num_finished"] == 4 and stats["cache_hit_rate"] > 0.5
+
+
+def test_unstable_tail() -> None:
+    from radixjax.engine.engine import _unstable_tail
+
+    assert _unstable_tail("The capital is Pa", ("Paris",)) == 2
+    assert _unstable_tail("The capital is P", ("Paris", "is P")) == 4
+    assert _unstable_tail("caf\ufffd", ()) == 1
+    assert _unstable_tail("nothing here", ("Paris",)) == 0
 
 
 def test_one_shot_generate() -> None:

@@ -294,7 +294,9 @@ class Engine:
                 text = ""
                 if self.tokenizer is not None:
                     full = self._final_text(req) or ""
-                    if finished or not full.endswith("\ufffd"):
+                    if not finished:  # hold back what a later token may still change
+                        full = full[: len(full) - _unstable_tail(full, req.sampling.stop)]
+                    if len(full) > len(sent):
                         text, sent = full[len(sent):], full
                 end = len(req.logprobs)
                 lps, tops = req.logprobs[num_sent:end], req.top_logprobs[num_sent:end]
@@ -339,6 +341,15 @@ class Engine:
 
 async def _as_coro(fn: Callable[[], Any]) -> Any:
     return fn()
+
+
+def _unstable_tail(text: str, stops: tuple[str, ...]) -> int:
+    """Characters at the end of `text` not to stream yet: a partial UTF-8 character
+    (decoded as U+FFFD), or the start of a stop string that the next token may finish."""
+    if text.endswith("\ufffd"):
+        return len(text) - len(text.rstrip("\ufffd"))
+    return max((k for s in stops for k in range(min(len(s), len(text)), 0, -1)
+                if text.endswith(s[:k])), default=0)
 
 
 def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
