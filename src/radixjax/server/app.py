@@ -146,27 +146,21 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
 
         return StreamingResponse(body(), media_type="text/event-stream")
 
-    async def completions(request: Request) -> Response:
-        authorize(request)
-        body = await read_json(request)
-        p = parse_completion(body, config.default_max_tokens)
-        check_model(body)
-        ids = await tokenize(p)
-        if p.stream:
-            return await stream_response(p, ids, is_chat=False)
-        outs = await generate(p, ids)
-        return JSONResponse(completion_response(config.model_name, outs, tok, p))
+    def openai_endpoint(is_chat: bool) -> Callable:
+        parse = parse_chat if is_chat else parse_completion
+        respond = chat_response if is_chat else completion_response
 
-    async def chat_completions(request: Request) -> Response:
-        authorize(request)
-        body = await read_json(request)
-        p = parse_chat(body, config.default_max_tokens)
-        check_model(body)
-        ids = await tokenize(p)
-        if p.stream:
-            return await stream_response(p, ids, is_chat=True)
-        outs = await generate(p, ids)
-        return JSONResponse(chat_response(config.model_name, outs, tok, p))
+        async def endpoint(request: Request) -> Response:
+            authorize(request)
+            body = await read_json(request)
+            p = parse(body, config.default_max_tokens)
+            check_model(body)
+            ids = await tokenize(p)
+            if p.stream:
+                return await stream_response(p, ids, is_chat=is_chat)
+            outs = await generate(p, ids)
+            return JSONResponse(respond(config.model_name, outs, tok, p))
+        return endpoint
 
     async def native_generate(request: Request) -> Response:
         authorize(request)
@@ -276,8 +270,8 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
 
     routes = [
         Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", openai_endpoint(is_chat=False), methods=["POST"]),
+        Route("/v1/chat/completions", openai_endpoint(is_chat=True), methods=["POST"]),
         Route("/generate", native_generate, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/health_generate", health_generate, methods=["GET"]),
