@@ -61,7 +61,8 @@ class NullRunner:
         self.buckets = runner_config(cfg).buckets
         self.keys: set[StepKey] = set()
 
-    def step(self, batch: HostBatch, sp: SamplingArrays, opts: StepOptions) -> SampleOutput:
+    def step(self, batch: HostBatch, sp: SamplingArrays, opts: StepOptions,
+             token_mask: np.ndarray | None = None) -> SampleOutput:
         self.keys.add(StepKey(batch.shape, opts))
         return SampleOutput(np.ones(batch.shape.num_reqs, np.int32), None, None, None)
 

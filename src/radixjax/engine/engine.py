@@ -18,6 +18,7 @@ import numpy as np
 from radixjax.engine.config import EngineConfig
 from radixjax.engine.request import Req, ReqStats
 from radixjax.engine.scheduler import RequestError, Scheduler
+from radixjax.grammar.backend import GrammarBackend, GrammarError
 from radixjax.loaders import load_model
 from radixjax.model.config import ModelConfig
 from radixjax.model.params import Params
@@ -89,9 +90,12 @@ class Engine:
         if warmup:
             self.runner.warmup(self.runner.default_warmup_keys())
         eos = tuple(self.model_config.eos_token_ids)
-        if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
-            eos = tuple(sorted(set(eos) | {tokenizer.eos_token_id}))
+        if getattr(self.tokenizer, "eos_token_id", None) is not None:
+            eos = tuple(sorted(set(eos) | {self.tokenizer.eos_token_id}))
+        self.eos_token_ids = eos
         self.scheduler = Scheduler(self.runner, self.config, eos)
+        self._grammar: GrammarBackend | None = None  # built on the first constrained request
+        self._grammar_lock = threading.Lock()
         self._ids = itertools.count()
         self._task: asyncio.Task | None = None
         self._thread: threading.Thread | None = None
@@ -186,6 +190,29 @@ class Engine:
         seed = sp.seed + index if sp.seed is not None else (self.config.seed * 1_000_003 + n)
         return Req(rid=f"req-{n}", prompt_ids=ids, sampling=sp, seed=seed % (2**31))
 
+    def _attach_grammars(self, reqs: list[Req]) -> None:
+        """Compile each constrained request's grammar (cached by key) and give it a fresh
+        matcher. Blocks: call off the scheduler's loop. A grammar that does not compile
+        is a RequestError with the compiler's message."""
+        keys = {r.sampling.grammar for r in reqs} - {None}
+        if not keys:
+            return
+        if self.tokenizer is None:
+            raise RequestError("structured output needs the engine's tokenizer")
+        with self._grammar_lock:
+            if self._grammar is None:
+                self._grammar = GrammarBackend(self.tokenizer, self.model_config.vocab_size,
+                                               self.eos_token_ids)
+        compiled = {}
+        for key in keys:
+            try:
+                compiled[key] = self._grammar.compile(key)
+            except GrammarError as e:
+                raise RequestError(str(e)) from None
+        for r in reqs:
+            if r.sampling.grammar is not None:
+                r.grammar = self._grammar.matcher(compiled[r.sampling.grammar])
+
     def _output(self, req: Req) -> GenerateOutput:
         return GenerateOutput(
             rid=req.rid, text=self._final_text(req), token_ids=list(req.output_ids),
@@ -235,6 +262,7 @@ class Engine:
             sps = [self._sampling(sampling_params)] * len(plist)
         reqs = [self._make_req(self._tokenize(p), sp, i)
                 for p, sp in zip(plist, sps, strict=True) for i in range(n)]
+        self._attach_grammars(reqs)  # on the caller's thread: never on the loop
         futures = [concurrent.futures.Future() for _ in reqs]
         for req, fut in zip(reqs, futures, strict=True):
             req.on_tokens = self._on_tokens_for(fut)
@@ -283,6 +311,8 @@ class Engine:
             caller.call_soon_threadsafe(queue.put_nowait, (new, finished))
 
         req.on_tokens = on_tokens
+        if req.sampling.grammar is not None:
+            await asyncio.to_thread(self._attach_grammars, [req])
         await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
             _as_coro(lambda: (self.scheduler.validate(req), self.scheduler.add_request(req))),
             self._loop))

@@ -22,6 +22,7 @@ from radixjax.cache.errors import OutOfKVSlots
 from radixjax.cache.manager import KVCacheManager
 from radixjax.cache.req_to_token import ReqToTokenPool
 from radixjax.engine.config import EngineConfig
+from radixjax.engine.constrained import build_token_mask, jump_forward, waits_for_host
 from radixjax.engine.policy import SchedulePolicy, match_tokens
 from radixjax.engine.request import Req, ReqState
 from radixjax.engine.stats import EngineStats
@@ -45,6 +46,7 @@ class ScheduledBatch:
     is_prefill: bool
     host: HostBatch
     opts: StepOptions
+    token_mask: np.ndarray | None  # grammar bitmask [B, ceil(V / 32)] int32, if any
 
 
 @dataclass
@@ -139,8 +141,9 @@ class Scheduler:
             await self.run_once()
 
     async def run_once(self) -> None:
-        if self.in_flight is not None and self._decode_may_retract():
-            await self._drain()  # retraction needs every token on the host
+        if self.in_flight is not None and (self._decode_may_retract()
+                                           or waits_for_host(self.in_flight.batch.reqs)):
+            await self._drain()  # retraction, and grammar masks, need the tokens on the host
         batch = self.schedule()
         if batch is None:
             await self._drain()
@@ -153,7 +156,7 @@ class Scheduler:
         # Dispatch off the loop too: it returns at once, except when a new shape compiles
         # (seconds), which must not stall the HTTP server sharing this loop.
         out = await asyncio.to_thread(self.runner.step, batch.host, _sampling(batch),
-                                      batch.opts)
+                                      batch.opts, batch.token_mask)
         self.stats.on_step(batch.is_prefill, sum(batch.num_new))
         previous, self.in_flight = self.in_flight, InFlight(batch, out)
         if previous is not None:
@@ -323,6 +326,10 @@ class Scheduler:
             r.needs_count_reset = False
             samples.append(end == r.seq_len)
         host = build_batch(slices, self.runner.buckets, spare_row=self.cfg.max_running)
+        mask = None
+        if any(r.grammar is not None for r in reqs):
+            mask = build_token_mask(reqs, samples, host.shape.num_reqs,
+                                    self.runner.cfg.vocab_size)
         wants_logprobs = any(r.sampling.logprobs for r in reqs)
         wants_top = wants_logprobs and any(r.sampling.top_logprobs for r in reqs)
         opts = StepOptions(  # few distinct values: each is a compiled program
@@ -330,8 +337,9 @@ class Scheduler:
             return_logprobs=wants_logprobs,
             num_top_logprobs=MAX_TOP_LOGPROBS if wants_top else 0,
             use_penalties=any(r.sampling.has_penalties for r in reqs),
+            use_grammar=mask is not None,
         )
-        batch = ScheduledBatch(reqs, num_new, samples, is_prefill, host, opts)
+        batch = ScheduledBatch(reqs, num_new, samples, is_prefill, host, opts, mask)
         self._after_dispatch_bookkeeping(batch)
         return batch
 
@@ -366,7 +374,14 @@ class Scheduler:
             if r.state is not ReqState.RUNNING:
                 continue  # finished or aborted while this step was in flight
             token = int(tokens[i])
-            r.output_ids.append(token)
+            new = [token]
+            if r.grammar is not None:
+                if not r.grammar.accept(token):  # the mask allowed it: a bug if it happens
+                    log.error("request %s: token %d breaks its grammar", r.rid, token)
+                    self.finish(r, "abort")
+                    continue
+                new += self._jump_forward(r)
+            r.output_ids.extend(new)
             if r.sampling.logprobs and logprobs is not None:
                 r.logprobs.append(float(logprobs[i]))
                 k = r.sampling.top_logprobs
@@ -377,17 +392,37 @@ class Scheduler:
             if r.stats.first_token is None:
                 r.stats.first_token = now
             r.stats.completion_tokens = len(r.output_ids)
-            self.stats.num_generated_tokens += 1
+            self.stats.num_generated_tokens += len(new)
             if r.on_tokens is not None:
-                r.on_tokens(r, [token], False)
+                r.on_tokens(r, new, False)
             if r.state is not ReqState.RUNNING:
                 continue  # the callback ended it (a stop string)
             reason = self._finish_reason(r, token)
             if reason is not None:
                 self.finish(r, reason)
 
+    def _jump_forward(self, r: Req) -> list[int]:
+        """After r's sampled token was accepted: the tokens its grammar forces next, with
+        KV slots for them; the next step extends over them instead of decoding each."""
+        sp = r.sampling
+        if (not self.cfg.enable_jump_forward or r.grammar.is_terminated or sp.logprobs
+                or sp.has_penalties):  # jumped tokens have no logprobs, no device counts
+            return []
+        limit = min(r.remaining_tokens - 1, self.cfg.max_context - r.seq_len - 2)
+        tokens = jump_forward(r, limit)
+        need = self.kvm.round_up(r.seq_len + 1 + len(tokens)) - r.slots.size
+        if tokens and need > 0:
+            if need > self.kvm.available_size():
+                r.grammar.rollback(len(tokens))  # no room: decode them one by one
+                return []
+            r.slots = np.concatenate([r.slots, self.kvm.alloc(need)])
+        self.stats.num_jump_forward_tokens += len(tokens)
+        return tokens
+
     def _finish_reason(self, r: Req, token: int) -> str | None:
         sp = r.sampling
+        if r.grammar is not None and r.grammar.is_terminated:
+            return "stop"
         if token in sp.stop_token_ids or (not sp.ignore_eos and token in self.eos_token_ids):
             return "stop"
         if len(r.output_ids) >= sp.max_new_tokens or r.seq_len >= self.cfg.max_context:

@@ -20,6 +20,7 @@ class EngineStats:
     num_decode_steps: int = 0
     num_computed_tokens: int = 0  # tokens fed through the model
     num_retractions: int = 0
+    num_jump_forward_tokens: int = 0  # outputs a grammar forced, appended without decoding
     started: float = field(default_factory=time.perf_counter)
 
     @staticmethod

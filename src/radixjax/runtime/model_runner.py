@@ -20,6 +20,7 @@ from radixjax.model.llama import KVPool, forward, init_kv_pool
 from radixjax.model.params import Params
 from radixjax.runtime.batch import DUMMY_SLOT, Buckets, HostBatch, TokenSource
 from radixjax.runtime.penalties import apply_penalties, gather_counts, store_counts
+from radixjax.sampling.bitmask import apply_token_bitmask, bitmask_width
 from radixjax.sampling.params import MAX_TOP_LOGPROBS, SamplingArrays
 from radixjax.sampling.sampler import SampleOutput, sample
 
@@ -58,6 +59,7 @@ class StepOptions:
     return_logprobs: bool = False
     num_top_logprobs: int = 0
     use_penalties: bool = False  # some request has frequency/presence penalties
+    use_grammar: bool = False  # some row samples under a grammar: apply the token bitmask
 
 
 class StepKey(NamedTuple):
@@ -67,9 +69,11 @@ class StepKey(NamedTuple):
 
 def _step(
     params: Params, kv: KVPool, last_tokens: jax.Array, counts: jax.Array,
-    input_ids: jax.Array, src: TokenSource, md: AttentionMetadata, sp: SamplingArrays, *,
+    input_ids: jax.Array, src: TokenSource, md: AttentionMetadata, sp: SamplingArrays,
+    token_mask: jax.Array | None, *,
     cfg: ModelConfig, shape: BatchShape, backend: str, opts: StepOptions,
 ) -> tuple[SampleOutput, KVPool, jax.Array, jax.Array]:
+    """token_mask: [B, ceil(V / 32)] int32 grammar bitmask when opts.use_grammar."""
     input_ids = jnp.where(src.use_last, last_tokens[src.token_row], input_ids)
     logits, kv = forward(
         params, kv, input_ids, md, cfg=cfg, shape=shape, backend=get_backend(backend)
@@ -77,6 +81,8 @@ def _step(
     if opts.use_penalties:
         rows = gather_counts(counts, input_ids, src, md)
         logits = apply_penalties(logits, rows, sp)
+    if opts.use_grammar:
+        logits = apply_token_bitmask(logits, token_mask)
     out = sample(
         logits, sp, md.kv_len, do_sample=opts.do_sample,
         num_top_logprobs=opts.num_top_logprobs, return_logprobs=opts.return_logprobs,
@@ -129,14 +135,21 @@ class ModelRunner:
             self.num_late_compiles += 1
             log.warning("compiling a step after warm-up: %s", key)
 
-    def step(self, batch: HostBatch, sp: SamplingArrays, opts: StepOptions) -> SampleOutput:
-        """Dispatch one step; returns device arrays without waiting for them."""
+    def step(self, batch: HostBatch, sp: SamplingArrays, opts: StepOptions,
+             token_mask: np.ndarray | None = None) -> SampleOutput:
+        """Dispatch one step; returns device arrays without waiting for them.
+        token_mask: [B, ceil(V / 32)] int32 grammar bitmask, required iff opts.use_grammar."""
         if opts.num_top_logprobs > MAX_TOP_LOGPROBS:
             raise ValueError(f"num_top_logprobs must be <= {MAX_TOP_LOGPROBS}")
+        if opts.use_grammar != (token_mask is not None):
+            raise ValueError("a token_mask goes with opts.use_grammar, and only with it")
+        if opts.use_grammar and token_mask.shape != (batch.shape.num_reqs,
+                                                     bitmask_width(self.cfg.vocab_size)):
+            raise ValueError(f"token_mask shape {token_mask.shape} does not fit the batch")
         self._note_compile(StepKey(batch.shape, opts))
         out, self.kv, self.last_tokens, self.token_counts = self._step(
             self.params, self.kv, self.last_tokens, self.token_counts,
-            *jax.device_put((batch.input_ids, _source(batch), batch.md, sp)),
+            *jax.device_put((batch.input_ids, _source(batch), batch.md, sp, token_mask)),
             shape=batch.shape, opts=opts,
         )
         return out
@@ -156,7 +169,9 @@ class ModelRunner:
             self._note_compile(key)
             batch = _padding_batch(key.shape, self.config.num_token_rows - 1)
             sp = SamplingArrays.build([], [], key.shape.num_reqs)
-            jax.block_until_ready(self.step(batch, sp, key.opts).tokens)
+            mask = (np.full((key.shape.num_reqs, bitmask_width(self.cfg.vocab_size)), -1,
+                            np.int32) if key.opts.use_grammar else None)
+            jax.block_until_ready(self.step(batch, sp, key.opts, mask).tokens)
         self.is_warm = True
 
     def default_warmup_keys(self, max_decode_kv: int | None = None) -> list[StepKey]:

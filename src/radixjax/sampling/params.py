@@ -3,8 +3,9 @@ per-batch array form that the jitted sampler consumes."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -33,12 +34,21 @@ class SamplingParams:
     ignore_eos: bool = False
     frequency_penalty: float = 0.0  # OpenAI: logit -= freq * count(token in the output)
     presence_penalty: float = 0.0  # OpenAI: logit -= pres * (token in the output)
+    # Structured output (grammar/), at most one: a JSON schema (a dict or its JSON text;
+    # {} = any JSON value), a regex, or an EBNF grammar (GBNF style, `root ::= ...`).
+    json_schema: str | dict[str, Any] | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    json_strict: bool = True  # no properties/items beyond the schema's (OpenAI `strict`)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if isinstance(self.json_schema, dict | bool):
+            object.__setattr__(self, "json_schema", json.dumps(self.json_schema))
+
         def check(ok: bool, msg: str) -> None:
             if not ok:
                 raise SamplingParamsError(msg)
@@ -64,6 +74,25 @@ class SamplingParams:
         check(isinstance(self.top_logprobs, int)
               and 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS,
               f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")
+        given = [k for k in ("json_schema", "regex", "ebnf") if getattr(self, k) is not None]
+        check(len(given) <= 1, f"give at most one of json_schema, regex, ebnf; got {given}")
+        check(all(isinstance(getattr(self, k), str) for k in given),
+              f"{', '.join(given)} must be a string")
+        if self.json_schema is not None:
+            try:
+                json.loads(self.json_schema)
+            except ValueError as e:
+                raise SamplingParamsError(f"json_schema is not valid JSON: {e}") from None
+
+    @property
+    def grammar(self) -> tuple[str, str, bool] | None:
+        """(kind, source, strict) of the grammar this request is constrained by, or None;
+        the key compiled grammars are cached by."""
+        for kind in ("json_schema", "regex", "ebnf"):
+            source = getattr(self, kind)
+            if source is not None:
+                return kind, source, self.json_strict
+        return None
 
     @property
     def has_penalties(self) -> bool:
