@@ -172,7 +172,8 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         if not isinstance(raw, dict):
             raise bad("'sampling_params' must be an object", "sampling_params")
         allowed = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-                   "stop_token_ids", "ignore_eos", "frequency_penalty", "presence_penalty"}
+                   "stop_token_ids", "ignore_eos", "frequency_penalty", "presence_penalty",
+                   "json_schema", "regex", "ebnf"}
         if set(raw) - allowed:
             raise bad(f"unknown sampling_params: {sorted(set(raw) - allowed)}",
                       "sampling_params")

@@ -42,10 +42,11 @@ class Parsed:
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
            "stream", "stream_options", "seed", "frequency_penalty", "presence_penalty",
-           "logprobs", "top_logprobs", "user", "ignore_eos", "logit_bias"}
+           "logprobs", "top_logprobs", "user", "ignore_eos", "logit_bias",
+           "response_format", "json_schema", "regex", "ebnf"}  # the last three: SGLang's
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "suffix", "best_of"}
-CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "response_format", "tools",
-                         "tool_choice", "parallel_tool_calls"}
+CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "tools", "tool_choice",
+                         "parallel_tool_calls"}
 MAX_N = 16
 
 
@@ -79,8 +80,6 @@ def _check_fields(body: Any, allowed: set[str]) -> None:
             raise bad(f"'{unsupported}' is not supported", unsupported)
     if body.get("best_of") not in (None, 1):
         raise bad("'best_of' other than 1 is not supported", "best_of")
-    if body.get("response_format") not in (None, {"type": "text"}):
-        raise bad("'response_format' other than text is not supported yet", "response_format")
 
 
 def _sampling(body: dict, max_tokens: int | None, default_max: int) -> tuple[SamplingParams,
@@ -119,10 +118,35 @@ def _sampling(body: dict, max_tokens: int | None, default_max: int) -> tuple[Sam
     try:
         sp = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k,
                             top_p=top_p, min_p=min_p, seed=seed, stop=stops,
-                            ignore_eos=ignore_eos, **penalties)
+                            ignore_eos=ignore_eos, **penalties, **_grammar(body))
     except SamplingParamsError as e:
         raise bad(str(e)) from e
     return sp, n, stream
+
+
+def _grammar(body: dict) -> dict[str, Any]:
+    """OpenAI `response_format` (or SGLang's `json_schema` / `regex` / `ebnf` fields) ->
+    the grammar fields of SamplingParams."""
+    native = {k: body[k] for k in ("json_schema", "regex", "ebnf") if body.get(k) is not None}
+    fmt = body.get("response_format")
+    if fmt is None or fmt == {"type": "text"}:
+        return native
+    if native:
+        raise bad("give either 'response_format' or one of json_schema / regex / ebnf",
+                  "response_format")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "json_object":  # any JSON object: extra properties allowed
+        return {"json_schema": {"type": "object"}, "json_strict": False}
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict | bool):
+            raise bad("'response_format.json_schema' must be an object with a 'schema' object",
+                      "response_format")
+        strict = spec.get("strict")
+        return {"json_schema": spec.get("schema", {}),
+                "json_strict": bool(strict) if strict is not None else False}
+    raise bad("'response_format.type' must be one of 'text', 'json_object', 'json_schema'",
+              "response_format")
 
 
 def _include_usage(body: dict, stream: bool) -> bool:
