@@ -26,7 +26,7 @@ class EngineConfig:
     enable_overlap: bool = True
     enable_mixed: bool = False  # decode requests ride along in prefill steps
     new_token_ratio: float = 0.4  # decode KV reserved per running request (x remaining)
-    enable_jump_forward: bool = True  # grammar-forced tokens in one extend (benchmarks/structured.py)
+    enable_jump_forward: bool = True  # grammar-forced tokens in one extend (see docs)
     retract_every: int = 0  # test hook: force one retraction every N decode steps
     dtype: str = "float32"
     attention_backend: str = "native"
