@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from radixjax.engine.config import POLICIES
+from radixjax.engine.config import ATTENTION_BACKENDS, POLICIES
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g = p.add_argument_group("model")
     g.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="weight and KV dtype (float32 is faster on CPU)")
+    g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
+                   help="auto: the Pallas kernels on a GPU, the jnp gather backend elsewhere")
     g.add_argument("--no-warmup", action="store_true",
                    help="skip compiling the step buckets at start-up")
     g.add_argument("--default-max-tokens", type=int, default=256,
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         max_prefill_tokens=args.max_prefill_tokens, chunk_size=args.chunk_size,
         policy=args.policy, enable_cache=not args.disable_radix_cache,
         enable_overlap=not args.disable_overlap, enable_mixed=args.enable_mixed,
-        dtype=args.dtype,
+        dtype=args.dtype, attention_backend=args.attention_backend,
     )
     steps.update(1)
     if not args.no_warmup:

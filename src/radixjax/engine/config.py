@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 POLICIES = ("lpm", "dfs-weight", "fcfs")
+ATTENTION_BACKENDS = ("auto", "native", "pallas")  # resolved by model.attention
 
 
 class EngineConfigError(ValueError):
@@ -29,7 +30,7 @@ class EngineConfig:
     enable_jump_forward: bool = True  # grammar-forced tokens in one extend (see docs)
     retract_every: int = 0  # test hook: force one retraction every N decode steps
     dtype: str = "float32"
-    attention_backend: str = "native"
+    attention_backend: str = "auto"  # "native" | "pallas" | "auto": pallas on a GPU
     seed: int = 0  # seeds for requests that give none derive from it
 
     def __post_init__(self) -> None:
@@ -38,6 +39,8 @@ class EngineConfig:
                 raise EngineConfigError(msg)
 
         check(self.policy in POLICIES, f"policy must be one of {POLICIES}")
+        check(self.attention_backend in ATTENTION_BACKENDS,
+              f"attention_backend must be one of {ATTENTION_BACKENDS}")
         check(self.page_size >= 1, "page_size must be >= 1")
         check(self.num_slots >= 2 * self.page_size, "num_slots too small for one page")
         check(self.max_running >= 1, "max_running must be >= 1")

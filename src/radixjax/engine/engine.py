@@ -84,7 +84,7 @@ class Engine:
             max_batch_tokens=max(c.max_prefill_tokens + (c.max_running if c.enable_mixed else 0),
                                  c.max_running),
             max_running=c.max_running, max_context=c.max_context,
-            attention_backend=c.attention_backend, kv_dtype=c.dtype,
+            attention_backend=c.attention_backend, page_size=c.page_size, kv_dtype=c.dtype,
         )
         self.runner = ModelRunner(self.model_config, params, runner_cfg)
         if warmup:

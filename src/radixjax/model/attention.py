@@ -16,6 +16,7 @@ q_len = kv_len = 0.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple, Protocol
 
 import jax
@@ -125,10 +126,24 @@ def native_attention(
     return out, k_pool, v_pool
 
 
-BACKENDS: dict[str, AttentionBackend] = {"native": native_attention}
+BACKEND_NAMES = ("auto", "native", "pallas")  # auto: pallas on a GPU, native elsewhere
 
 
-def get_backend(name: str) -> AttentionBackend:
-    if name not in BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r}; choose from {sorted(BACKENDS)}")
-    return BACKENDS[name]
+def resolve_backend_name(name: str) -> str:
+    """"auto" -> "pallas" when JAX's default backend is a GPU, else "native"."""
+    if name not in BACKEND_NAMES:
+        raise ValueError(f"unknown attention backend {name!r}; choose from {BACKEND_NAMES}")
+    if name == "auto":
+        return "pallas" if jax.default_backend() == "gpu" else "native"
+    return name
+
+
+def get_backend(name: str, page_size: int = 1) -> AttentionBackend:
+    """The backend function; page_size must be the allocator's page size, or 1 (always
+    valid; only the pallas backend uses it)."""
+    name = resolve_backend_name(name)
+    if name == "native":
+        return native_attention
+    from radixjax.model.pallas_backend import pallas_attention  # Pallas only when asked
+
+    return partial(pallas_attention, page_size=page_size)

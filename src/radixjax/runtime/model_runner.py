@@ -14,7 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from radixjax.model.attention import AttentionMetadata, BatchShape, get_backend
+from radixjax.model.attention import (
+    AttentionMetadata,
+    BatchShape,
+    get_backend,
+    resolve_backend_name,
+)
 from radixjax.model.config import ModelConfig
 from radixjax.model.llama import KVPool, forward, init_kv_pool
 from radixjax.model.params import Params
@@ -36,7 +41,8 @@ class RunnerConfig:
     max_batch_tokens: int = 2048  # largest T bucket (chunked prefill keeps steps under it)
     max_running: int = 64  # largest B bucket
     max_context: int = 4096  # largest K bucket; also the longest request
-    attention_backend: str = "native"
+    attention_backend: str = "auto"  # "native" | "pallas" | "auto" (pallas on a GPU)
+    page_size: int = 1  # the allocator's page size, or 1 (valid for any allocation)
     kv_dtype: str = "float32"
 
     def __post_init__(self) -> None:
@@ -44,7 +50,9 @@ class RunnerConfig:
             raise ValueError(f"kv_dtype must be one of {sorted(DTYPES)}")
         if self.num_slots < 2:
             raise ValueError("num_slots must be >= 2 (slot 0 is the padding dummy)")
-        get_backend(self.attention_backend)
+        if self.page_size < 1 or self.num_slots % self.page_size:
+            raise ValueError("num_slots must be a positive multiple of page_size")
+        resolve_backend_name(self.attention_backend)
 
     @property
     def buckets(self) -> Buckets:
@@ -71,12 +79,13 @@ def _step(
     params: Params, kv: KVPool, last_tokens: jax.Array, counts: jax.Array,
     input_ids: jax.Array, src: TokenSource, md: AttentionMetadata, sp: SamplingArrays,
     token_mask: jax.Array | None, *,
-    cfg: ModelConfig, shape: BatchShape, backend: str, opts: StepOptions,
+    cfg: ModelConfig, shape: BatchShape, backend: str, page_size: int, opts: StepOptions,
 ) -> tuple[SampleOutput, KVPool, jax.Array, jax.Array]:
     """token_mask: [B, ceil(V / 32)] int32 grammar bitmask when opts.use_grammar."""
     input_ids = jnp.where(src.use_last, last_tokens[src.token_row], input_ids)
     logits, kv = forward(
-        params, kv, input_ids, md, cfg=cfg, shape=shape, backend=get_backend(backend)
+        params, kv, input_ids, md, cfg=cfg, shape=shape,
+        backend=get_backend(backend, page_size),
     )
     if opts.use_penalties:
         rows = gather_counts(counts, input_ids, src, md)
@@ -94,11 +103,11 @@ def _step(
 
 def _all_logits(
     params: Params, kv: KVPool, input_ids: jax.Array, md: AttentionMetadata, *,
-    cfg: ModelConfig, shape: BatchShape, backend: str,
+    cfg: ModelConfig, shape: BatchShape, backend: str, page_size: int,
 ) -> tuple[jax.Array, KVPool]:
     return forward(
-        params, kv, input_ids, md, cfg=cfg, shape=shape, backend=get_backend(backend),
-        all_logits=True,
+        params, kv, input_ids, md, cfg=cfg, shape=shape,
+        backend=get_backend(backend, page_size), all_logits=True,
     )
 
 
@@ -115,7 +124,8 @@ class ModelRunner:
         self.last_tokens = jnp.zeros(config.num_token_rows, jnp.int32)
         # Output-token counts per request row, for penalties ([rows, V] int32).
         self.token_counts = jnp.zeros((config.num_token_rows, cfg.vocab_size), jnp.int32)
-        statics = dict(cfg=cfg, backend=config.attention_backend)
+        self.attention_backend = resolve_backend_name(config.attention_backend)
+        statics = dict(cfg=cfg, backend=self.attention_backend, page_size=config.page_size)
         self._step = jax.jit(
             partial(_step, **statics), static_argnames=("shape", "opts"),
             donate_argnames=("kv", "last_tokens", "counts"),
