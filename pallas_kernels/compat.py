@@ -11,6 +11,7 @@ any other backend the kernels run with ``interpret=True`` (slow: tiny shapes onl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -44,3 +45,26 @@ def dot(a: jax.Array, b: jax.Array, *, trans_b: bool = False) -> jax.Array:
 def masked_store(ref: Any, value: jax.Array, mask: jax.Array) -> None:
     """ref[...] = value where mask (same shape as value); ref is a view (`ref.at[...]`)."""
     plgpu.store(ref, value, mask=mask)
+
+
+def check_triton_dim(name: str, size: int, interpret: bool) -> None:
+    """Triton tiles need power-of-two sizes and `tl.dot` dims >= 16 (interpret: any)."""
+    if not interpret and (size < 16 or size & (size - 1)):
+        raise ValueError(f"the Triton kernel needs {name} to be a power of two >= 16, "
+                         f"got {size}")
+
+
+# What `lower_for_cuda` targets when no GPU is present: a Hopper part (sm_90).
+ABSTRACT_GPU = jax.sharding.AbstractDevice(
+    device_kind="NVIDIA H100 80GB HBM3", num_cores=132, platform="gpu")
+
+
+def lower_for_cuda(fn: Callable, *args: Any, **jit_kwargs: Any) -> Any:
+    """`jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))`, also on a machine
+    without a GPU. jax 0.10 falls back to sm_90 on its own; from 0.11 Pallas' Triton
+    lowering asks the abstract mesh which GPU it targets and raises "No supported GPU
+    devices found" without one, so the lowering runs under a one-device abstract mesh
+    of ABSTRACT_GPU (which both versions accept)."""
+    mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=ABSTRACT_GPU)
+    with jax.sharding.use_abstract_mesh(mesh):
+        return jax.jit(fn, **jit_kwargs).trace(*args).lower(lowering_platforms=("cuda",))

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels.compat import resolve_interpret, triton_params
+from pallas_kernels.compat import check_triton_dim, resolve_interpret, triton_params
 
 MAX_BLOCK_TOKENS = 16
 
@@ -65,6 +65,8 @@ def write_kv_pages(
     num_tokens = k_new.shape[0]
     flat = (num_pages * page_size, num_kv_heads, head_dim)
     block_t = _token_block(num_tokens)
+    interpret = resolve_interpret(interpret)
+    check_triton_dim("head_dim", head_dim, interpret)
     k_flat, v_flat = pl.pallas_call(
         functools.partial(_kernel, block_t=block_t),
         out_shape=(jax.ShapeDtypeStruct(flat, k_pages.dtype),
@@ -72,7 +74,7 @@ def write_kv_pages(
         grid=(num_tokens // block_t, num_kv_heads),
         input_output_aliases={3: 0, 4: 1},
         compiler_params=triton_params(num_warps=1, num_stages=1),
-        interpret=resolve_interpret(interpret),
+        interpret=interpret,
         name="write_kv_pages",
     )(slots.astype(jnp.int32), k_new, v_new, k_pages.reshape(flat), v_pages.reshape(flat))
     return k_flat.reshape(k_pages.shape), v_flat.reshape(v_pages.shape)

@@ -39,7 +39,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.blocks import DEFAULT_BLOCKS, AttentionBlocks
-from pallas_kernels.compat import dot, masked_store, resolve_interpret, triton_params
+from pallas_kernels.compat import (
+    check_triton_dim,
+    dot,
+    masked_store,
+    resolve_interpret,
+    triton_params,
+)
 
 MASK_VALUE = -1e30  # finite: exp(MASK - m) underflows to 0 without inf - inf = NaN
 
@@ -176,6 +182,9 @@ def ragged_paged_attention(
     num_q_blocks = pl.cdiv(max_q or num_tokens, rows // group_pad)
     num_splits = blocks.num_splits
     n_rows = num_tokens * group_pad + rows
+    interpret = resolve_interpret(interpret)
+    for name, size in (("head_dim", head_dim), ("rows", rows), ("block_k", blocks.block_k)):
+        check_triton_dim(name, size, interpret)
 
     qr = q.reshape(num_tokens, num_kv_heads, group, head_dim)
     qr = jnp.pad(qr, ((0, 0), (0, 0), (0, group_pad - group), (0, 0)))
@@ -197,7 +206,7 @@ def ragged_paged_attention(
         ),
         grid=(num_reqs * num_q_blocks, num_kv_heads, num_splits),
         compiler_params=triton_params(blocks.num_warps, blocks.num_stages),
-        interpret=resolve_interpret(interpret),
+        interpret=interpret,
         name="ragged_paged_attention",
     )(cu_q_lens.astype(jnp.int32), kv_lens.astype(jnp.int32), page_table.astype(jnp.int32),
       qr, k_flat, v_flat)
