@@ -15,7 +15,7 @@ from pallas_kernels.ref import write_kv_pages_ref
 
 def _inputs(num_tokens: int, page_size: int, pool_dtype, seed: int = 0):
     rng = np.random.default_rng(seed)
-    num_pages, kv_heads, head_dim = 48 // page_size, 3, 8
+    num_pages, kv_heads, head_dim = 48 // page_size, 3, 16  # Triton: D a power >= 16
     shape = (num_pages, page_size, kv_heads, head_dim)
     k = jnp.asarray(rng.standard_normal(shape), pool_dtype)
     v = jnp.asarray(rng.standard_normal(shape), pool_dtype)

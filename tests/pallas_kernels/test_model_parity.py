@@ -5,12 +5,15 @@ does with page size 1."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
 from radixjax import Engine, SamplingParams
 from radixjax.cache.allocator import KVSlotAllocator
 from radixjax.loaders import load_model
+from radixjax.model.config import ModelConfig
+from radixjax.model.params import init_params
 from radixjax.runtime.batch import RequestSlice, build_batch
 from tests.model.harness import rel_err, tiny_runner
 
@@ -30,14 +33,27 @@ class ScatteredPages:
         return self._alloc.pages_to_slots(pages).astype(np.int32)
 
 
-@pytest.mark.parametrize(("family", "page_size"), [("mistral", 16), ("llama3", 1)])
-def test_logits_match_native(tiny_model_dir, family: str, page_size: int) -> None:
-    """mistral: GQA 8 with a sliding window of 7; llama3: GQA 2."""
-    m = load_model(tiny_model_dir(family), load_tokenizer=False)
+def _model(name: str, tiny_model_dir):
+    """(cfg, params) with head_dim >= 16, so the same test also runs compiled on a GPU."""
+    if name == "llama3":  # HF tiny llama3: GQA 2, head_dim 16, llama3 RoPE scaling
+        m = load_model(tiny_model_dir("llama3"), load_tokenizer=False)
+        return m.cfg, m.params
+    # Mistral-like: GQA 8, a sliding window of 7 on the first layer, random weights at
+    # ~0.15 scale (sharper attention than init_params' 0.02).
+    cfg = ModelConfig(model_type="mistral", vocab_size=256, hidden_size=128,
+                      intermediate_size=192, num_layers=2, num_heads=8, num_kv_heads=1,
+                      head_dim=16, sliding_windows=(7, None))
+    params = init_params(cfg, jax.random.key(0))
+    return cfg, jax.tree.map(lambda a: a * 7.5 if a.ndim >= 2 else a, params)
+
+
+@pytest.mark.parametrize(("model", "page_size"), [("mistral", 16), ("llama3", 1)])
+def test_logits_match_native(tiny_model_dir, model: str, page_size: int) -> None:
+    cfg, params = _model(model, tiny_model_dir)
     kw = dict(num_slots=512, max_batch_tokens=64, max_running=4, max_context=64,
               page_size=page_size)
-    native = tiny_runner(m.cfg, m.params, attention_backend="native", **kw)
-    pallas = tiny_runner(m.cfg, m.params, attention_backend="pallas", **kw)
+    native = tiny_runner(cfg, params, attention_backend="native", **kw)
+    pallas = tiny_runner(cfg, params, attention_backend="pallas", **kw)
     rng = np.random.default_rng(1)
     pages = ScatteredPages(512, 16 if page_size == 16 else 1, seed=2)
     lens = [1, 15, 17]  # prompt lengths: 1, and page boundary -1 / +1
