@@ -73,16 +73,25 @@ def test_logits_match_native(tiny_model_dir, model: str, page_size: int) -> None
 
 
 def test_engine_page_16_pallas_generates_like_native(tiny_model_dir) -> None:
+    """Through the scheduler: chunked prefill (extends on a cached prefix), radix-cache
+    reuse of a shared 20-token prefix (page-aligned matches), overlap, decode."""
     m = load_model(tiny_model_dir("qwen3"), load_tokenizer=False)
     rng = np.random.default_rng(3)
+    shared = list(rng.integers(3, 200, 20))
     prompts = [list(rng.integers(3, 200, n)) for n in (15, 17, 4)]
+    prompts += [shared + list(rng.integers(3, 200, n)) for n in (1, 9)]
     sp = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
     kw = dict(params=m.params, model_config=m.cfg, num_slots=512, max_running=4,
-              max_context=64, max_prefill_tokens=64, chunk_size=64, enable_overlap=False)
+              max_context=64, max_prefill_tokens=16, chunk_size=8)
+    def run(e: Engine) -> tuple[list[list[int]], int]:
+        outs = e.generate(prompts[:4], sp) + e.generate(prompts[4:], sp)  # last one: a hit
+        e.check_integrity()
+        return [o.token_ids for o in outs], outs[-1].cached_tokens
+
     with Engine(**kw, attention_backend="native", page_size=1) as e:
-        ref = [o.token_ids for o in e.generate(prompts, sp)]
+        ref, ref_cached = run(e)
     with Engine(**kw, attention_backend="pallas", page_size=16) as e:
         assert e.runner.attention_backend == "pallas" and e.runner.config.page_size == 16
-        got = [o.token_ids for o in e.generate(prompts, sp)]
-        e.check_integrity()
+        got, cached = run(e)
     assert got == ref
+    assert (ref_cached, cached) == (20, 16)  # the shared prefix; whole pages only at P = 16
