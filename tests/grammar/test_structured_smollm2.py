@@ -109,23 +109,37 @@ def test_unconstrained_outputs_unchanged_by_constrained_neighbours(engine, smoll
     engine.check_integrity()
 
 
+PATH_NAMES = ["person", "nested_address", "array_of_objects"]
+SMALL = dict(num_slots=2048, max_running=4, max_context=256, max_prefill_tokens=256,
+             chunk_size=256)
+
+
+@pytest.fixture(scope="module")
+def path_reference(smollm2):
+    """Greedy outputs on the default path (overlap, jump-forward) of a small engine."""
+    prompts = [chat(smollm2.tokenizer, PROMPTS[k]) for k in PATH_NAMES]
+    sps = [greedy(json_schema=SCHEMAS[k]) for k in PATH_NAMES]
+    with make_engine(smollm2, **SMALL) as eng:
+        return prompts, sps, [o.text for o in eng.generate(prompts, sps)]
+
+
 @pytest.mark.parametrize("options", [
-    dict(enable_jump_forward=False), dict(enable_overlap=False),
-    dict(retract_every=3), dict(page_size=16), dict(enable_mixed=True),
-], ids=["no-jump-forward", "no-overlap", "retract-every-3", "page-16", "mixed"])
-def test_paths_stay_valid(smollm2, options, engine) -> None:
-    names = ["person", "nested_address", "array_of_objects", "enum_integers"]
-    prompts = [chat(smollm2.tokenizer, PROMPTS[k]) for k in names]
-    sps = [greedy(json_schema=SCHEMAS[k]) for k in names]
-    reference = engine.generate(prompts, sps)  # default path: overlap + jump-forward
-    with make_engine(smollm2, **options) as eng:
+    dict(enable_jump_forward=False), dict(enable_overlap=False), dict(retract_every=3),
+    dict(page_size=16), dict(enable_mixed=True), dict(chunk_size=16),
+], ids=["no-jump-forward", "no-overlap", "retract-every-3", "page-16", "mixed", "chunk-16"])
+def test_paths_stay_valid(smollm2, options, path_reference) -> None:
+    prompts, sps, reference = path_reference
+    with make_engine(smollm2, **(SMALL | options)) as eng:
         outs = eng.generate(prompts, sps)
-        for k, out in zip(names, outs, strict=True):
+        for k, out in zip(PATH_NAMES, outs, strict=True):
             assert_valid(SCHEMAS[k], out)
         if "enable_jump_forward" in options:
             assert eng.stats()["num_jump_forward_tokens"] == 0
-        else:  # greedy: the same text (jump-forward on in both)
-            assert [o.text for o in outs] == [o.text for o in reference]
+        else:  # greedy, jump-forward on in both: the same text
+            assert [o.text for o in outs] == reference
+            assert eng.stats()["num_jump_forward_tokens"] > 0
+        if "retract_every" in options:
+            assert eng.stats()["num_retractions"] > 0
         eng.check_integrity()
 
 
