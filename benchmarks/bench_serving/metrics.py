@@ -46,6 +46,7 @@ class Metrics:
     e2e_ms: Summary
     cache_hit_rate: float | None  # cached / prompt tokens over the run (ours: /metrics)
     reported_cached_tokens: int | None  # sum of usage.prompt_tokens_details.cached_tokens
+    reported_hit_rate: float | None  # the same / the servers' prompt tokens (llama.cpp, vLLM)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -66,7 +67,9 @@ def compute_metrics(records: Sequence[RequestRecord], duration_s: float,
     inp = sum(r.prompt_tokens for r in done)
     out = sum(r.completion_tokens for r in done)
     tpots = [t for t in map(tpot, done) if t is not None]
-    cached = [r.server_cached_tokens for r in done if r.server_cached_tokens is not None]
+    reported = [r for r in done if r.server_cached_tokens is not None and r.server_prompt_tokens]
+    cached = sum(r.server_cached_tokens for r in reported)
+    served_prompt = sum(r.server_prompt_tokens for r in reported)
     return Metrics(
         completed=len(done), failed=len(records) - len(done), duration_s=duration_s,
         total_input_tokens=inp, total_output_tokens=out,
@@ -75,7 +78,8 @@ def compute_metrics(records: Sequence[RequestRecord], duration_s: float,
         ttft_ms=Summary.of([r.ttft for r in done]), tpot_ms=Summary.of(tpots),
         itl_ms=Summary.of([g for r in done for g in r.itls]),
         e2e_ms=Summary.of([r.latency for r in done]), cache_hit_rate=cache_hit_rate,
-        reported_cached_tokens=sum(cached) if cached else None)
+        reported_cached_tokens=cached if reported else None,
+        reported_hit_rate=cached / served_prompt if reported else None)
 
 
 def parse_prometheus(text: str) -> dict[str, float]:

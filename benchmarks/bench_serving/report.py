@@ -27,7 +27,8 @@ def format_metrics(m: Metrics, title: str) -> str:
     rate = "n/a" if m.cache_hit_rate is None else f"{m.cache_hit_rate:.3f}"
     rows.append(("cache hit rate (/metrics)", rate))
     if m.reported_cached_tokens is not None:
-        rows.append(("cached tokens (usage)", str(m.reported_cached_tokens)))
+        rows.append(("cached tokens (usage), hit rate", f"{m.reported_cached_tokens}, "
+                     f"{m.reported_hit_rate:.3f}"))
     width = max(len(k) for k, _ in rows)
     lines = [f"== {title} =="] + [f"{k:<{width}}  {v}" for k, v in rows]
     return "\n".join(lines)

@@ -16,7 +16,8 @@ from bench_serving.metrics import (
 def record(start: float, chunks: list[float], end: float, prompt: int, out: int,
            cached: int | None = None) -> RequestRecord:
     return RequestRecord(start=start, end=end, chunk_times=chunks, prompt_tokens=prompt,
-                         completion_tokens=out, server_cached_tokens=cached)
+                         completion_tokens=out, server_cached_tokens=cached,
+                         server_prompt_tokens=prompt if cached is not None else None)
 
 
 def test_summary_mean_median_p99_in_ms():
@@ -45,6 +46,7 @@ def test_compute_metrics_by_hand():
     assert m.itl_ms.mean == pytest.approx(150.0) and m.itl_ms.median == pytest.approx(100.0)
     assert m.e2e_ms.mean == pytest.approx((800 + 500) / 2)
     assert m.cache_hit_rate == 0.25 and m.reported_cached_tokens == 40
+    assert m.reported_hit_rate == pytest.approx(40 / 150)
     assert tpot(record(0, [0.1], 0.1, 1, 1)) is None
     with pytest.raises(ValueError):
         compute_metrics([a], duration_s=0.0)

@@ -1,0 +1,80 @@
+"""The servers the comparison starts, one at a time, on loopback: ours, llama.cpp's
+llama-server, and the HF transformers baseline, all on the same SmolLM2 GGUF."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+PEERS = Path(__file__).resolve().parent
+REPO = PEERS.parents[1]
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    name: str
+    command: tuple[str, ...]
+    port: int
+    # per-server warm-up: HF generates one request at a time, so a warm-up of 16 teaches
+    # it nothing and costs minutes; None = the run's concurrency
+    warmup_requests: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def server_specs(parallel: int, base_port: int = 30100) -> dict[str, ServerSpec]:
+    py = sys.executable
+    return {
+        "ours": ServerSpec("ours", (py, "-m", "radixjax.launch_server", "--host",
+                                    "127.0.0.1", "--port", str(base_port),
+                                    "--max-running", str(max(parallel, 16))), base_port),
+        "llama.cpp": ServerSpec("llama.cpp", ("bash", str(PEERS / "start_llama_server.sh"),
+                                              "--port", str(base_port + 1), "--parallel",
+                                              str(parallel)), base_port + 1),
+        "hf": ServerSpec("hf", (py, str(PEERS / "hf_server.py"), "--port",
+                                str(base_port + 2)), base_port + 2, warmup_requests=2),
+    }
+
+
+class RunningServer:
+    """A started server process; `stop()` ends it (and only it)."""
+
+    def __init__(self, spec: ServerSpec, log: Path, timeout: float = 600.0) -> None:
+        self.spec = spec
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self._log = log.open("w")
+        self.proc = subprocess.Popen(spec.command, cwd=REPO, stdout=self._log,
+                                     stderr=subprocess.STDOUT)
+        self.startup_s = self._wait_healthy(timeout)
+
+    def _wait_healthy(self, timeout: float) -> float:
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.spec.name} exited ({self.proc.returncode}); "
+                                   f"see {self._log.name}")
+            try:
+                if httpx.get(self.spec.url + "/health", timeout=2).status_code == 200:
+                    return time.monotonic() - start
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise RuntimeError(f"{self.spec.name} not healthy after {timeout:.0f} s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
