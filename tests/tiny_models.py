@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 _COMMON: dict[str, Any] = dict(
-    vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    vocab_size=256, hidden_size=64, num_hidden_layers=2,
     max_position_embeddings=256, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
 )
 
@@ -27,6 +27,15 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                                   tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                                   tie_word_embeddings=False)),
+    # MoE: 8 experts, top-2. Qwen3-MoE with renormalised gates and layer 1 dense
+    # (mlp_only_layers); Mixtral with 2 KV heads (replicated under TP 4 / 8).
+    "qwen3_moe": ("Qwen3MoeConfig", dict(
+        num_attention_heads=8, num_key_value_heads=4, head_dim=16, tie_word_embeddings=False,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+        mlp_only_layers=[1])),
+    "mixtral": ("MixtralConfig", dict(num_attention_heads=8, num_key_value_heads=2,
+                                      num_local_experts=8, num_experts_per_tok=2,
+                                      intermediate_size=32, tie_word_embeddings=True)),
 }
 
 
@@ -35,7 +44,7 @@ def make_tiny_hf_model(family: str, seed: int = 0) -> Any:
     import transformers
 
     cls_name, extra = FAMILIES[family]
-    config = getattr(transformers, cls_name)(**_COMMON, **extra)
+    config = getattr(transformers, cls_name)(**{"intermediate_size": 96, **_COMMON, **extra})
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)

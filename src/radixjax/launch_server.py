@@ -2,6 +2,7 @@
 
     python -m radixjax.launch_server                      # default SmolLM2-135M on :30000
     python -m radixjax.launch_server --model PATH --port 8000 --api-key secret
+    python -m radixjax.launch_server --model QWEN3_MOE_DIR --tp 4 --ep 2   # 4 devices
 """
 
 from __future__ import annotations
@@ -53,6 +54,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="skip compiling the step buckets at start-up")
     g.add_argument("--default-max-tokens", type=int, default=256,
                    help="max_tokens when a request gives none")
+    g = p.add_argument_group("parallelism (docs/sharding.md)")
+    g.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel devices: heads, MLP columns, vocab and KV pool "
+                        "split over them (0: every visible device)")
+    g.add_argument("--ep", type=int, default=1,
+                   help="expert-parallel groups inside the TP group (MoE); must divide --tp")
     return p.parse_args(argv)
 
 
@@ -73,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         max_prefill_tokens=args.max_prefill_tokens, chunk_size=args.chunk_size,
         policy=args.policy, enable_cache=not args.disable_radix_cache,
         enable_overlap=not args.disable_overlap, enable_mixed=args.enable_mixed,
-        dtype=args.dtype, attention_backend=args.attention_backend,
+        dtype=args.dtype, attention_backend=args.attention_backend, tp=args.tp, ep=args.ep,
     )
     steps.update(1)
     if not args.no_warmup:

@@ -32,6 +32,8 @@ class EngineConfig:
     dtype: str = "float32"
     attention_backend: str = "auto"  # "native" | "pallas" | "auto": pallas on a GPU
     seed: int = 0  # seeds for requests that give none derive from it
+    tp: int = 1  # tensor-parallel devices (0: every visible device); docs/sharding.md
+    ep: int = 1  # expert-parallel groups inside the TP group (MoE models); divides tp
 
     def __post_init__(self) -> None:
         def check(ok: bool, msg: str) -> None:
@@ -49,3 +51,5 @@ class EngineConfig:
         check(self.max_context >= 2, "max_context must be >= 2")
         check(0.0 <= self.new_token_ratio <= 1.0, "new_token_ratio must be in [0, 1]")
         check(self.retract_every >= 0, "retract_every must be >= 0")
+        check(self.tp >= 0 and self.ep >= 1, "need tp >= 0 (0: all devices) and ep >= 1")
+        check(self.tp == 0 or self.tp % self.ep == 0, "ep must divide tp")

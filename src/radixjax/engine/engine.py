@@ -22,6 +22,9 @@ from radixjax.grammar.backend import GrammarBackend, GrammarError
 from radixjax.loaders import load_model
 from radixjax.model.config import ModelConfig
 from radixjax.model.params import Params
+from radixjax.parallel.mesh import MeshConfig, make_mesh
+from radixjax.parallel.rules import Layout
+from radixjax.parallel.shard_params import placer_for
 from radixjax.runtime.compile_cache import enable_persistent_cache
 from radixjax.runtime.model_runner import ModelRunner, RunnerConfig
 from radixjax.sampling.params import SamplingParams
@@ -54,6 +57,13 @@ class StreamChunk:
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
+def _layout(config: EngineConfig) -> Layout | None:
+    """tp = ep = 1: no mesh at all (the single-device path)."""
+    if config.tp == 1 and config.ep == 1:
+        return None
+    return Layout(make_mesh(MeshConfig(tp=config.tp, ep=config.ep)))
+
+
 class Engine:
     """Serves one model with the radix cache and the overlap scheduler.
 
@@ -70,12 +80,15 @@ class Engine:
         notebooks). background=False leaves it to the caller: `await start()` inside the
         loop that should run it (the HTTP server shares uvicorn's loop this way)."""
         self.config = EngineConfig(**engine_options)
+        # One mesh per engine (None: one device); scheduler and radix tree stay one.
+        self.layout = _layout(self.config)
         if params is not None:
             if model_config is None:
                 raise ValueError("an in-memory model needs model_config as well as params")
             self.model_config, self.tokenizer = model_config, tokenizer
         else:
-            loaded = load_model(model, dtype=self.config.dtype)
+            placer = placer_for(self.layout) if self.layout is not None else None
+            loaded = load_model(model, dtype=self.config.dtype, placer_for=placer)
             params, self.model_config, self.tokenizer = loaded.params, loaded.cfg, loaded.tokenizer
         enable_persistent_cache()
         c = self.config
@@ -86,7 +99,7 @@ class Engine:
             max_running=c.max_running, max_context=c.max_context,
             attention_backend=c.attention_backend, page_size=c.page_size, kv_dtype=c.dtype,
         )
-        self.runner = ModelRunner(self.model_config, params, runner_cfg)
+        self.runner = ModelRunner(self.model_config, params, runner_cfg, self.layout)
         if warmup:
             self.runner.warmup(self.runner.default_warmup_keys())
         eos = tuple(self.model_config.eos_token_ids)

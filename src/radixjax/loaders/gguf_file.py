@@ -15,7 +15,7 @@ import gguf
 import numpy as np
 
 from radixjax.model.config import ModelConfig
-from radixjax.model.params import Params, params_from_numpy
+from radixjax.model.params import Params, Placer, params_from_numpy
 
 _LAYER_NAMES = {
     "attn_norm.weight": ("attn_norm", False),
@@ -71,7 +71,8 @@ def unpermute_rope_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     return w.swapaxes(1, 2).reshape(out_dim, *w.shape[3:])
 
 
-def load_gguf_params(reader: gguf.GGUFReader, cfg: ModelConfig, arch: str, dtype: Any) -> Params:
+def load_gguf_params(reader: gguf.GGUFReader, cfg: ModelConfig, arch: str, dtype: Any,
+                     placer: Placer | None = None) -> Params:
     top: dict[str, np.ndarray] = {}
     layers: list[dict[str, np.ndarray]] = [{} for _ in range(cfg.num_layers)]
     for t in reader.tensors:
@@ -92,7 +93,7 @@ def load_gguf_params(reader: gguf.GGUFReader, cfg: ModelConfig, arch: str, dtype
         elif arch == "llama" and ours in ("wk", "bk"):
             w = unpermute_rope_rows(w, cfg.num_kv_heads)
         dest[ours] = w.T if transpose else w
-    return params_from_numpy(cfg, top, layers, dtype)
+    return params_from_numpy(cfg, top, layers, dtype, placer)
 
 
 def open_gguf(path: Path) -> tuple[gguf.GGUFReader, dict[str, Any]]:

@@ -1,5 +1,8 @@
 """Load an HF model folder: config.json + *.safetensors (weights stay numpy on the host
-until `params_from_numpy` puts each leaf on the device in its dtype)."""
+until `params_from_numpy` puts each leaf on the device in its dtype, or straight into its
+shards through a placer). MoE experts come per expert (`mlp.experts.{j}.gate_proj`,
+Mixtral's `block_sparse_moe.experts.{j}.w1/w3/w2`) or fused (`mlp.experts.gate_up_proj`
+[E, 2F, D], `mlp.experts.down_proj` [E, D, F]); both are stacked to [E, in, out]."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import numpy as np
 from safetensors import safe_open
 
 from radixjax.model.config import ModelConfig
-from radixjax.model.params import Params, params_from_numpy
+from radixjax.model.params import Params, Placer, params_from_numpy
 
 # HF tensor name (after "model.layers.{i}.") -> (our name, transpose)
 _LAYER_NAMES = {
@@ -35,6 +38,15 @@ _LAYER_NAMES = {
     "mlp.up_proj.bias": ("b_up", False),
     "mlp.down_proj.bias": ("b_down", False),
 }
+# MoE router: [E, D] -> ours [D, E]
+_LAYER_NAMES["mlp.gate.weight"] = ("router", True)
+_LAYER_NAMES["block_sparse_moe.gate.weight"] = ("router", True)
+# per-expert weight name -> our stacked leaf (each [out, in], transposed to [in, out])
+_EXPERT_NAMES = {
+    "gate_proj": "we_gate", "up_proj": "we_up", "down_proj": "we_down",
+    "w1": "we_gate", "w3": "we_up", "w2": "we_down",
+}
+_EXPERT_RE = re.compile(r"^(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight$")
 _TOP_NAMES = {
     "model.embed_tokens.weight": ("embed", False),
     "model.norm.weight": ("final_norm", False),
@@ -53,31 +65,74 @@ def load_hf_config(path: Path) -> ModelConfig:
     return ModelConfig.from_hf(hf)
 
 
-def _to_numpy(t: Any) -> np.ndarray:
-    # The torch-free "flax" framework handles bf16 checkpoints, which numpy cannot.
-    return np.asarray(t.astype("float32") if str(t.dtype) == "bfloat16" else t)
+def _read(f: Any, flax_f: Any, name: str) -> np.ndarray:
+    """Host numpy; bf16 tensors (which safetensors' numpy framework cannot read) go
+    through the torch-free "flax" framework and are widened to float32."""
+    if f.get_slice(name).get_dtype() != "BF16":
+        return f.get_tensor(name)
+    return np.asarray(flax_f.get_tensor(name).astype("float32"))
 
 
-def load_hf_params(path: Path, cfg: ModelConfig, dtype: Any) -> Params:
+def _stack_experts(found: dict[tuple[str, int], np.ndarray], num_experts: int,
+                   where: str) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    if not found:
+        return out
+    for leaf in ("we_gate", "we_up", "we_down"):
+        rows = [found.get((leaf, j)) for j in range(num_experts)]
+        if any(r is None for r in rows):
+            continue  # reported as missing by params_from_numpy
+        out[leaf] = np.stack(rows)
+    if len(out) not in (0, 3):
+        raise ValueError(f"{where}: incomplete expert weights")
+    return out
+
+
+def _fused_experts(name: str, arr: np.ndarray) -> dict[str, np.ndarray]:
+    """transformers-5 fused layout -> stacked [E, in, out] leaves."""
+    if name == "gate_up_proj":  # [E, 2F, D]: gate rows first
+        f = arr.shape[1] // 2
+        return {"we_gate": arr[:, :f].transpose(0, 2, 1), "we_up": arr[:, f:].transpose(0, 2, 1)}
+    return {"we_down": arr.transpose(0, 2, 1)}  # down_proj [E, D, F]
+
+
+def load_hf_params(path: Path, cfg: ModelConfig, dtype: Any,
+                   placer: Placer | None = None) -> Params:
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors in {path}")
     top: dict[str, np.ndarray] = {}
     layers: list[dict[str, np.ndarray]] = [{} for _ in range(cfg.num_layers)]
+    experts: list[dict[tuple[str, int], np.ndarray]] = [{} for _ in range(cfg.num_layers)]
     for file in files:
-        with safe_open(str(file), framework="flax") as f:
+        with safe_open(str(file), framework="numpy") as f, \
+                safe_open(str(file), framework="flax") as flax_f:
             for name in f.keys():
                 m = _LAYER_RE.match(name)
-                if m and m.group(2) in _LAYER_NAMES and int(m.group(1)) < cfg.num_layers:
-                    ours, transpose = _LAYER_NAMES[m.group(2)]
+                if m and int(m.group(1)) >= cfg.num_layers:
+                    continue
+                rest = m.group(2) if m else ""
+                e = _EXPERT_RE.match(rest)
+                if e and e.group(2) in _EXPERT_NAMES:
+                    key = (_EXPERT_NAMES[e.group(2)], int(e.group(1)))
+                    experts[int(m.group(1))][key] = _read(f, flax_f, name).T
+                    continue
+                if rest in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):
+                    fused = _fused_experts(rest.split(".")[-1], _read(f, flax_f, name))
+                    layers[int(m.group(1))].update(fused)
+                    continue
+                if m and rest in _LAYER_NAMES:
+                    ours, transpose = _LAYER_NAMES[rest]
                     dest = layers[int(m.group(1))]
                 elif name in _TOP_NAMES:
                     ours, transpose = _TOP_NAMES[name]
                     dest = top
                 else:
                     continue  # e.g. rotary inv_freq buffers
-                arr = _to_numpy(f.get_tensor(name))
+                arr = _read(f, flax_f, name)
                 dest[ours] = arr.T if transpose else arr
+    for i, found in enumerate(experts):
+        layers[i].update(_stack_experts(found, cfg.num_experts, f"layers.{i}"))
     if cfg.tie_word_embeddings:
         top.pop("lm_head", None)
-    return params_from_numpy(cfg, top, layers, dtype)
+    return params_from_numpy(cfg, top, layers, dtype, placer)

@@ -3,6 +3,8 @@
 
 Families covered: Llama / SmolLM2 / Llama-3 (llama3 RoPE scaling), Mistral (sliding
 window), Qwen2/2.5 (q/k/v bias), Qwen3 (per-head q/k RMSNorm); GQA; tied or untied head.
+MoE (model/moe.py): Qwen3-MoE (softmax router, top-k, optional renormalisation
+`norm_topk_prob`, no shared expert) and Mixtral (same router, always renormalised).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
 
 
 class UnsupportedModelError(ValueError):
@@ -50,6 +52,13 @@ class ModelConfig:
     sliding_windows: tuple[int | None, ...] = field(default=())
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # MoE (0 experts: dense). Sparse layers use experts of width moe_intermediate_size;
+    # the others (Qwen3-MoE mlp_only_layers) a dense MLP of intermediate_size.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True  # renormalise the top-k gate weights to sum to 1
+    sparse_layers: tuple[bool, ...] = field(default=())  # per layer: MoE block or dense MLP
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -65,6 +74,15 @@ class ModelConfig:
             object.__setattr__(self, "sliding_windows", (None,) * self.num_layers)
         if len(self.sliding_windows) != self.num_layers:
             raise UnsupportedModelError("sliding_windows must have one entry per layer")
+        if not self.sparse_layers:
+            object.__setattr__(self, "sparse_layers", (self.num_experts > 0,) * self.num_layers)
+        if len(self.sparse_layers) != self.num_layers:
+            raise UnsupportedModelError("sparse_layers must have one entry per layer")
+        if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise UnsupportedModelError("need 0 < num_experts_per_tok <= num_experts")
+
+    def is_sparse(self, layer: int) -> bool:
+        return self.sparse_layers[layer]
 
     @property
     def q_per_kv(self) -> int:
@@ -105,6 +123,7 @@ class ModelConfig:
         attention_bias = bool(hf.get("attention_bias", False))
         eos = hf.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        moe = _hf_moe(hf, model_type, num_layers)
         return cls(
             model_type=model_type,
             vocab_size=hf["vocab_size"],
@@ -122,10 +141,11 @@ class ModelConfig:
             qkv_bias=model_type == "qwen2" or attention_bias,
             o_bias=model_type in ("llama", "mistral") and attention_bias,
             mlp_bias=bool(hf.get("mlp_bias", False)),
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
             sliding_windows=_hf_sliding_windows(hf, model_type, num_layers),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
+            **moe,
         )
 
     @classmethod
@@ -181,9 +201,32 @@ def _hf_sliding_windows(
     layer_types = hf.get("layer_types")
     if layer_types:
         return tuple(window if t == "sliding_attention" else None for t in layer_types)
-    if model_type == "mistral":
+    if model_type in ("mistral", "mixtral"):
         return (window,) * num_layers
     if hf.get("use_sliding_window"):  # Qwen2/3 without layer_types: layers >= max_window_layers
         first = hf.get("max_window_layers", num_layers)
         return tuple(window if i >= first else None for i in range(num_layers))
     return (None,) * num_layers
+
+
+def _hf_moe(hf: dict[str, Any], model_type: str, num_layers: int) -> dict[str, Any]:
+    """MoE fields for ModelConfig (empty for dense families)."""
+    if model_type == "mixtral":
+        return dict(
+            num_experts=int(hf["num_local_experts"]),
+            num_experts_per_tok=int(hf["num_experts_per_tok"]),
+            moe_intermediate_size=int(hf["intermediate_size"]),
+            norm_topk_prob=True,
+        )
+    if model_type == "qwen3_moe":
+        step = int(hf.get("decoder_sparse_step", 1))
+        dense = set(hf.get("mlp_only_layers") or ())
+        return dict(
+            num_experts=int(hf.get("num_experts") or hf["num_local_experts"]),
+            num_experts_per_tok=int(hf["num_experts_per_tok"]),
+            moe_intermediate_size=int(hf["moe_intermediate_size"]),
+            norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+            sparse_layers=tuple(i not in dense and (i + 1) % step == 0
+                                for i in range(num_layers)),
+        )
+    return {}

@@ -1,5 +1,10 @@
 """The Llama-family forward pass over a ragged batch: a pure function of
-(params, kv pool, batch); the caller jits it and donates the pool."""
+(params, kv pool, batch); the caller jits it and donates the pool.
+
+With a `Layout` (radixjax/parallel) the same forward runs tensor/expert parallel: the
+params and pool arrive sharded as the rules say, attention runs per KV-head shard, the
+embedding and head are vocab-parallel, MoE layers dispatch to sharded experts, and the
+residual stream [T, D] stays replicated between blocks."""
 
 from __future__ import annotations
 
@@ -9,14 +14,24 @@ import jax.numpy as jnp
 from radixjax.model.attention import AttentionBackend, AttentionMetadata, BatchShape
 from radixjax.model.config import ModelConfig
 from radixjax.model.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
+from radixjax.model.moe import moe_block
 from radixjax.model.params import Params
+from radixjax.parallel.collectives import (
+    sharded_attention,
+    vocab_parallel_embed,
+    vocab_parallel_head,
+)
+from radixjax.parallel.rules import Layout
 
 KVPool = list[tuple[jax.Array, jax.Array]]  # per layer (k, v), each [num_slots, Hkv, Dh]
 
 
-def init_kv_pool(cfg: ModelConfig, num_slots: int, dtype: jnp.dtype) -> KVPool:
+def init_kv_pool(cfg: ModelConfig, num_slots: int, dtype: jnp.dtype,
+                 sharding: jax.sharding.Sharding | None = None) -> KVPool:
+    """sharding: where each [num_slots, Hkv, Dh] array lives (parallel.kv_sharding)."""
     shape = (num_slots, cfg.num_kv_heads, cfg.head_dim)
-    return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.num_layers)]
+    return [(jnp.zeros(shape, dtype, device=sharding), jnp.zeros(shape, dtype, device=sharding))
+            for _ in range(cfg.num_layers)]
 
 
 def kv_pool_bytes(cfg: ModelConfig, num_slots: int, dtype: jnp.dtype) -> int:
@@ -43,8 +58,11 @@ def _attention_block(
     return linear(o.reshape(t, cfg.q_size), lp["wo"], lp.get("bo")), (k_pool, v_pool)
 
 
-def _mlp_block(lp: Params, x: jax.Array, cfg: ModelConfig) -> jax.Array:
+def _mlp_block(lp: Params, x: jax.Array, cfg: ModelConfig, layout: Layout | None,
+               layer: int) -> jax.Array:
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
+    if cfg.is_sparse(layer):
+        return moe_block(lp, h, cfg, layout, layer)
     gate = jax.nn.silu(linear(h, lp["w_gate"], lp.get("b_gate")))
     return linear(gate * linear(h, lp["w_up"], lp.get("b_up")), lp["w_down"], lp.get("b_down"))
 
@@ -54,17 +72,35 @@ def vocab_blocks(vocab: int, max_block: int = 1024) -> int:
     return next(c for c in range(1, vocab + 1) if vocab % c == 0 and vocab // c <= max_block)
 
 
-def lm_head(params: Params, h: jax.Array, cfg: ModelConfig) -> jax.Array:
-    """h: [N, D] f32 -> logits [N, V] f32. The head is [V, D] (tied: the embedding itself).
+def _head_rows(w: jax.Array, h: jax.Array) -> jax.Array:
+    """w [V', D] (all or one shard of the head), h [N, D] f32 -> [N, V'] f32.
 
-    Computed over vocab blocks [C, V/C, D] with the block axis leading the output: on the
+    Computed over vocab blocks [C, V'/C, D] with the block axis leading the output: on the
     CPU backend this ran 2x faster at batch 8 than one [N, D] x [D, V] dot (measured,
     benchmarks/README.md), and the same at batch 1 and 64."""
-    w = params["embed"] if cfg.tie_word_embeddings else params["lm_head"]
-    c = vocab_blocks(cfg.vocab_size)
-    wb = w.reshape(c, cfg.vocab_size // c, cfg.hidden_size)
+    vocab, hidden = w.shape
+    c = vocab_blocks(vocab)
+    wb = w.reshape(c, vocab // c, hidden)
     out = jnp.einsum("nd,cvd->cnv", h.astype(w.dtype), wb, preferred_element_type=jnp.float32)
-    return out.transpose(1, 0, 2).reshape(h.shape[0], cfg.vocab_size)
+    return out.transpose(1, 0, 2).reshape(h.shape[0], vocab)
+
+
+def lm_head(params: Params, h: jax.Array, cfg: ModelConfig,
+            layout: Layout | None = None) -> jax.Array:
+    """h: [N, D] f32 -> logits [N, V] f32. The head is [V, D] (tied: the embedding itself);
+    vocab-parallel when the layout shards the vocabulary."""
+    w = params["embed"] if cfg.tie_word_embeddings else params["lm_head"]
+    if layout is not None and layout.is_sharded("vocab", cfg.vocab_size):
+        return vocab_parallel_head(w, h, layout, _head_rows)
+    return _head_rows(w, h)
+
+
+def _embed(params: Params, input_ids: jax.Array, cfg: ModelConfig,
+           layout: Layout | None) -> jax.Array:
+    """[T] int32 -> [T, D] f32."""
+    if layout is not None and layout.is_sharded("vocab", cfg.vocab_size):
+        return vocab_parallel_embed(params["embed"], input_ids, layout)
+    return params["embed"][input_ids].astype(jnp.float32)
 
 
 def forward(
@@ -77,10 +113,16 @@ def forward(
     shape: BatchShape,
     backend: AttentionBackend,
     all_logits: bool = False,
+    layout: Layout | None = None,
 ) -> tuple[jax.Array, KVPool]:
     """Returns (logits, new kv pool). Logits are [B, V] at each request's last new token,
-    or [T, V] for every token when `all_logits` (parity tests, prompt logprobs)."""
-    x = params["embed"][input_ids].astype(jnp.float32)  # [T, D]
+    or [T, V] for every token when `all_logits` (parity tests, prompt logprobs).
+    layout: run sharded (cfg must then be parallel.sharded_config(...) of the model)."""
+    replicate = (lambda a: a) if layout is None else (
+        lambda a: jax.lax.with_sharding_constraint(a, layout.replicated))
+    if layout is not None:
+        backend = sharded_attention(backend, layout)
+    x = _embed(params, input_ids, cfg, layout)  # [T, D]
     cos, sin = rope_cos_sin(md.positions, rope_inv_freq(cfg))
     new_kv: KVPool = []
     for i, lp in enumerate(params["layers"]):
@@ -88,10 +130,10 @@ def forward(
             lp, x, kv[i], md, cos, sin, cfg, shape, backend, cfg.sliding_windows[i]
         )
         new_kv.append(layer_kv)
-        x = x + attn
-        x = x + _mlp_block(lp, x, cfg)
+        x = replicate(x + attn)
+        x = replicate(x + _mlp_block(lp, x, cfg, layout, i))
     x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
     if not all_logits:
         last = jnp.maximum(md.q_start + md.q_len - 1, 0)  # [B]
         x = x[last]
-    return lm_head(params, x, cfg), new_kv
+    return lm_head(params, x, cfg, layout), new_kv

@@ -8,16 +8,20 @@ Params are a plain nested dict (a pytree):
                   "w_gate": [D, F], "w_up": [D, F],
                   "w_down": [F, D], optional "bq"/"bk"/"bv"/"bo", "q_norm"/"k_norm" [Dh]} ] }
 
+An MoE layer (cfg.is_sparse(i)) has, instead of w_gate/w_up/w_down:
+    "router": [D, E], "we_gate": [E, D, Fe], "we_up": [E, D, Fe], "we_down": [E, Fe, D]
+
 Matrices are stored (in, out) so the forward is `x @ w`, except the output head, kept
 (V, D) like the embedding it may be tied to (see `lm_head` in llama.py). `layer_specs` and
-`top_specs` give every leaf's shape and logical axes; init, loading and (later) sharding
-derive from them.
+`top_specs` give every leaf's shape and logical axes; init, loading and sharding
+(radixjax/parallel/rules.py maps logical axes to mesh axes) derive from them.
 Per-layer arrays (a list, not a stacked `[L, ...]` array): on CPU the unrolled layer loop
 over separate arrays ran fastest (shared/DESIGN.md §3).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -35,7 +39,7 @@ class ParamSpec(NamedTuple):
     is_norm: bool = False  # norm weights stay float32 whatever the weight dtype
 
 
-def layer_specs(cfg: ModelConfig) -> dict[str, ParamSpec]:
+def layer_specs(cfg: ModelConfig, layer: int = 0) -> dict[str, ParamSpec]:
     d, f = cfg.hidden_size, cfg.intermediate_size
     specs = {
         "attn_norm": ParamSpec((d,), ("embed",), True),
@@ -44,17 +48,24 @@ def layer_specs(cfg: ModelConfig) -> dict[str, ParamSpec]:
         "wv": ParamSpec((d, cfg.kv_size), ("embed", "kv_heads")),
         "wo": ParamSpec((cfg.q_size, d), ("q_heads", "embed")),
         "mlp_norm": ParamSpec((d,), ("embed",), True),
-        "w_gate": ParamSpec((d, f), ("embed", "mlp")),
-        "w_up": ParamSpec((d, f), ("embed", "mlp")),
-        "w_down": ParamSpec((f, d), ("mlp", "embed")),
     }
+    if cfg.is_sparse(layer):
+        e, fe = cfg.num_experts, cfg.moe_intermediate_size
+        specs["router"] = ParamSpec((d, e), ("embed", "router"))
+        specs["we_gate"] = ParamSpec((e, d, fe), ("experts", "embed", "expert_mlp"))
+        specs["we_up"] = ParamSpec((e, d, fe), ("experts", "embed", "expert_mlp"))
+        specs["we_down"] = ParamSpec((e, fe, d), ("experts", "expert_mlp", "embed"))
+    else:
+        specs["w_gate"] = ParamSpec((d, f), ("embed", "mlp"))
+        specs["w_up"] = ParamSpec((d, f), ("embed", "mlp"))
+        specs["w_down"] = ParamSpec((f, d), ("mlp", "embed"))
     if cfg.qkv_bias:
         specs["bq"] = ParamSpec((cfg.q_size,), ("q_heads",), True)
         specs["bk"] = ParamSpec((cfg.kv_size,), ("kv_heads",), True)
         specs["bv"] = ParamSpec((cfg.kv_size,), ("kv_heads",), True)
     if cfg.o_bias:
         specs["bo"] = ParamSpec((d,), ("embed",), True)
-    if cfg.mlp_bias:
+    if cfg.mlp_bias and not cfg.is_sparse(layer):
         specs["b_gate"] = ParamSpec((f,), ("mlp",), True)
         specs["b_up"] = ParamSpec((f,), ("mlp",), True)
         specs["b_down"] = ParamSpec((d,), ("embed",), True)
@@ -89,21 +100,28 @@ def init_params(cfg: ModelConfig, key: jax.Array, dtype: Any = jnp.float32) -> P
     keys = iter(jax.random.split(key, 4 + cfg.num_layers * 32))
     params: Params = {name: init(s, next(keys)) for name, s in top_specs(cfg).items()}
     params["layers"] = [
-        {name: init(s, next(keys)) for name, s in layer_specs(cfg).items()}
-        for _ in range(cfg.num_layers)
+        {name: init(s, next(keys)) for name, s in layer_specs(cfg, i).items()}
+        for i in range(cfg.num_layers)
     ]
     return params
 
 
+# (spec, host array already in its final dtype) -> device array, e.g. straight into its
+# shards (radixjax.parallel.shard_params.ShardPlacer); None: one default device.
+Placer = Callable[[ParamSpec, np.ndarray], jax.Array]
+
+
 def params_from_numpy(
     cfg: ModelConfig, arrays: dict[str, np.ndarray], layers: list[dict[str, np.ndarray]],
-    dtype: Any,
+    dtype: Any, placer: Placer | None = None,
 ) -> Params:
-    """Check every leaf against its spec and move it to the device in its dtype."""
+    """Check every leaf against its spec and move it to the device(s) in its dtype."""
 
     def put(name: str, spec: ParamSpec, arr: np.ndarray) -> jax.Array:
         if tuple(arr.shape) != spec.shape:
             raise ValueError(f"weight {name}: shape {arr.shape}, expected {spec.shape}")
+        if placer is not None:
+            return placer(spec, np.asarray(arr).astype(leaf_dtype(spec, dtype), copy=False))
         return jnp.asarray(arr, dtype=leaf_dtype(spec, dtype))
 
     def take(source: dict[str, np.ndarray], specs: dict[str, ParamSpec], where: str) -> Params:
@@ -115,7 +133,9 @@ def params_from_numpy(
     params = take(arrays, top_specs(cfg), "model")
     if len(layers) != cfg.num_layers:
         raise ValueError(f"checkpoint has {len(layers)} layers, config says {cfg.num_layers}")
-    params["layers"] = [take(lw, layer_specs(cfg), f"layers.{i}") for i, lw in enumerate(layers)]
+    params["layers"] = [
+        take(lw, layer_specs(cfg, i), f"layers.{i}") for i, lw in enumerate(layers)
+    ]
     return params
 
 

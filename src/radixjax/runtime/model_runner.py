@@ -1,5 +1,7 @@
 """ModelRunner: owns the params and the device KV pool, and runs one jitted, donated step
-per batch. Steps are dispatched asynchronously: `step` returns device arrays at once."""
+per batch. Steps are dispatched asynchronously: `step` returns device arrays at once.
+With a `Layout` the params and pool are sharded over its mesh and every step input is
+replicated on it (one controller: the host side is the same for any layout)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ from radixjax.model.attention import (
 from radixjax.model.config import ModelConfig
 from radixjax.model.llama import KVPool, forward, init_kv_pool
 from radixjax.model.params import Params
+from radixjax.parallel.rules import Layout
+from radixjax.parallel.shard_params import kv_sharding, shard_params, sharded_config
 from radixjax.runtime.batch import DUMMY_SLOT, Buckets, HostBatch, TokenSource
 from radixjax.runtime.penalties import apply_penalties, gather_counts, store_counts
 from radixjax.sampling.bitmask import apply_token_bitmask, bitmask_width
@@ -80,12 +84,13 @@ def _step(
     input_ids: jax.Array, src: TokenSource, md: AttentionMetadata, sp: SamplingArrays,
     token_mask: jax.Array | None, *,
     cfg: ModelConfig, shape: BatchShape, backend: str, page_size: int, opts: StepOptions,
+    layout: Layout | None,
 ) -> tuple[SampleOutput, KVPool, jax.Array, jax.Array]:
     """token_mask: [B, ceil(V / 32)] int32 grammar bitmask when opts.use_grammar."""
     input_ids = jnp.where(src.use_last, last_tokens[src.token_row], input_ids)
     logits, kv = forward(
         params, kv, input_ids, md, cfg=cfg, shape=shape,
-        backend=get_backend(backend, page_size),
+        backend=get_backend(backend, page_size), layout=layout,
     )
     if opts.use_penalties:
         rows = gather_counts(counts, input_ids, src, md)
@@ -103,29 +108,42 @@ def _step(
 
 def _all_logits(
     params: Params, kv: KVPool, input_ids: jax.Array, md: AttentionMetadata, *,
-    cfg: ModelConfig, shape: BatchShape, backend: str, page_size: int,
+    cfg: ModelConfig, shape: BatchShape, backend: str, page_size: int, layout: Layout | None,
 ) -> tuple[jax.Array, KVPool]:
     return forward(
         params, kv, input_ids, md, cfg=cfg, shape=shape,
-        backend=get_backend(backend, page_size), all_logits=True,
+        backend=get_backend(backend, page_size), all_logits=True, layout=layout,
     )
 
 
 class ModelRunner:
-    """Mutates only `self.kv` (replaced by each donated step's output)."""
+    """Mutates only `self.kv` (replaced by each donated step's output).
 
-    def __init__(self, cfg: ModelConfig, params: Params, config: RunnerConfig) -> None:
+    layout: shard over its mesh (params are resharded unless already in place); None: one
+    device. `self.cfg` stays the model's config; the sharded forward runs `run_cfg`
+    (KV heads repeated up to the TP size when there are fewer, parallel/shard_params.py)."""
+
+    def __init__(self, cfg: ModelConfig, params: Params, config: RunnerConfig,
+                 layout: Layout | None = None) -> None:
         self.cfg = cfg
-        self.params = params
+        self.layout = layout
+        self.run_cfg = cfg if layout is None else sharded_config(cfg, layout)
+        self.params = params if layout is None else shard_params(cfg, params, layout)
         self.config = config
         self.buckets = config.buckets
-        self.kv: KVPool = init_kv_pool(cfg, config.num_slots, DTYPES[config.kv_dtype])
+        self._inputs = None if layout is None else layout.replicated  # where step inputs go
+        pool_sharding = (None if layout is None
+                         else kv_sharding(layout, self.run_cfg, config.num_slots))
+        self.kv: KVPool = init_kv_pool(self.run_cfg, config.num_slots,
+                                       DTYPES[config.kv_dtype], pool_sharding)
         # The future map: last sampled token per request row ([num_token_rows] int32).
-        self.last_tokens = jnp.zeros(config.num_token_rows, jnp.int32)
+        self.last_tokens = jnp.zeros(config.num_token_rows, jnp.int32, device=self._inputs)
         # Output-token counts per request row, for penalties ([rows, V] int32).
-        self.token_counts = jnp.zeros((config.num_token_rows, cfg.vocab_size), jnp.int32)
+        self.token_counts = jnp.zeros((config.num_token_rows, cfg.vocab_size), jnp.int32,
+                                      device=self._inputs)
         self.attention_backend = resolve_backend_name(config.attention_backend)
-        statics = dict(cfg=cfg, backend=self.attention_backend, page_size=config.page_size)
+        statics = dict(cfg=self.run_cfg, backend=self.attention_backend,
+                       page_size=config.page_size, layout=layout)
         self._step = jax.jit(
             partial(_step, **statics), static_argnames=("shape", "opts"),
             donate_argnames=("kv", "last_tokens", "counts"),
@@ -159,14 +177,15 @@ class ModelRunner:
         self._note_compile(StepKey(batch.shape, opts))
         out, self.kv, self.last_tokens, self.token_counts = self._step(
             self.params, self.kv, self.last_tokens, self.token_counts,
-            *jax.device_put((batch.input_ids, _source(batch), batch.md, sp, token_mask)),
+            *jax.device_put((batch.input_ids, _source(batch), batch.md, sp, token_mask),
+                            self._inputs),
             shape=batch.shape, opts=opts,
         )
         return out
 
     def all_logits(self, batch: HostBatch) -> np.ndarray:
         """[real tokens, V] logits of every new token (tests and prompt logprobs)."""
-        ids, md = jax.device_put((batch.input_ids, batch.md))
+        ids, md = jax.device_put((batch.input_ids, batch.md), self._inputs)
         logits, self.kv = self._logits(self.params, self.kv, ids, md, shape=batch.shape)
         num_real = int(batch.md.q_len.sum())
         return np.asarray(logits[:num_real])

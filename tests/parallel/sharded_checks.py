@@ -1,0 +1,144 @@
+"""Sharded-vs-single-device checks, run in a subprocess with 8 fake CPU devices
+(`python -m tests.parallel.sharded_checks OUT_DIR PART`, see test_sharding.py): jax must
+see the devices before it initialises, and the main pytest process has one.
+
+Prints one JSON line: {"errors": {"family tp=.. ep=..": max rel err}, "shards": {...},
+"engine": {"layout": token ids}}.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from radixjax.loaders import load_model
+from radixjax.parallel.mesh import MeshConfig, make_mesh
+from radixjax.parallel.rules import Layout
+from radixjax.parallel.shard_params import kv_repeat, placer_for
+from radixjax.runtime.batch import RequestSlice, build_batch
+from tests.model.harness import ScatteredSlots, rel_err, tiny_runner
+from tests.tiny_models import save_tiny_model
+
+DENSE = ("llama", "llama3", "mistral", "qwen2", "qwen3")
+MOE = ("qwen3_moe", "mixtral")
+MOE_LAYOUTS = ((2, 1), (2, 2), (4, 2), (4, 4), (8, 8))
+
+
+def layout(tp: int, ep: int = 1) -> Layout:
+    return Layout(make_mesh(MeshConfig(tp=tp, ep=ep)))
+
+
+def fits(cfg, tp: int) -> bool:
+    try:
+        kv_repeat(cfg, tp)
+    except ValueError:
+        return False
+    return cfg.num_heads % tp == 0
+
+
+def run_logits(cfg, params, lay: Layout | None) -> np.ndarray:
+    """A ragged prefill of 3 prompts then 2 batched decode steps; all logits stacked."""
+    runner = tiny_runner(cfg, params, num_slots=128, max_batch_tokens=32, max_context=32)
+    if lay is not None:
+        from radixjax.runtime.model_runner import ModelRunner
+        runner = ModelRunner(cfg, params, runner.config, layout=lay)
+    slots = ScatteredSlots(128, seed=1)
+    rng = np.random.default_rng(0)
+    seqs = [list(rng.integers(3, cfg.vocab_size, n)) for n in (5, 9, 3)]
+    rows = [slots.take(len(s) + 2) for s in seqs]
+    out = [runner.all_logits(build_batch(
+        [RequestSlice(np.array(s, np.int32), r[: len(s)]) for s, r in zip(seqs, rows, strict=True)],
+        runner.buckets))]
+    for step in range(2):
+        new = rng.integers(3, cfg.vocab_size, len(seqs))
+        out.append(runner.all_logits(build_batch(
+            [RequestSlice(np.array([t], np.int32), r[: len(s) + step + 1])
+             for s, r, t in zip(seqs, rows, new, strict=True)], runner.buckets)))
+    return np.concatenate(out)
+
+
+def check_logits(root: Path, families, layouts_of) -> dict[str, float]:
+    errors = {}
+    for fam in families:
+        folder = save_tiny_model(fam, root / fam)
+        m = load_model(folder, load_tokenizer=False)
+        ref = run_logits(m.cfg, m.params, None)
+        for tp, ep in layouts_of(m.cfg):
+            lay = layout(tp, ep)
+            sharded = load_model(folder, load_tokenizer=False, placer_for=placer_for(lay))
+            key = f"{fam} tp={tp} ep={ep}"
+            errors[key] = rel_err(run_logits(m.cfg, sharded.params, lay), ref)
+            print(key, errors[key], file=sys.stderr, flush=True)
+    return errors
+
+
+def shard_shapes(root: Path) -> dict[str, list]:
+    """Per-device shard shapes of a few leaves and the pool, for qwen2 at tp=4 (2 KV heads
+    repeated to 4) and mixtral at tp=4, ep=2."""
+    from radixjax.runtime.model_runner import ModelRunner, RunnerConfig
+
+    out = {}
+    for fam, tp, ep in (("qwen2", 4, 1), ("mixtral", 4, 2)):
+        lay = layout(tp, ep)
+        folder = root / fam if (root / fam).exists() else save_tiny_model(fam, root / fam)
+        m = load_model(folder, load_tokenizer=False, placer_for=placer_for(lay))
+        runner = ModelRunner(m.cfg, m.params, RunnerConfig(num_slots=64, max_context=32,
+                                                           max_batch_tokens=32), lay)
+        lp = runner.params["layers"][0]
+        leaves = {"embed": runner.params["embed"], "k_pool": runner.kv[0][0]}
+        leaves.update({n: lp[n] for n in ("wq", "wk", "wo", "w_gate", "w_down", "we_gate",
+                                           "we_down", "router") if n in lp})
+        for name, x in leaves.items():
+            out[f"{fam} {name}"] = [list(x.shape), len({s.device for s in x.addressable_shards}),
+                                    sorted({tuple(s.data.shape) for s in x.addressable_shards})]
+    return out
+
+
+def engine_outputs(root: Path, fam: str, layouts, in_memory: tuple[int, int]) -> dict:
+    """Greedy token ids of 3 prompts (two share a prefix: a radix-cache hit) per layout;
+    layouts load straight into shards from disk, `in_memory` reshards loaded params."""
+    from radixjax import Engine, SamplingParams
+
+    kw = dict(num_slots=256, max_running=4, max_context=64, max_prefill_tokens=32,
+              chunk_size=16)
+    sp = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
+    rng = np.random.default_rng(5)
+    shared = list(rng.integers(3, 200, 12))
+    prompts = [shared + list(rng.integers(3, 200, 5)), list(rng.integers(3, 200, 21)),
+               shared + list(rng.integers(3, 200, 3))]
+    folder = root / fam if (root / fam).exists() else save_tiny_model(fam, root / fam)
+    out = {}
+    for tp, ep in (*layouts, in_memory):
+        if (tp, ep) == in_memory:
+            m = load_model(folder, load_tokenizer=False)
+            engine = Engine(params=m.params, model_config=m.cfg, tp=tp, ep=ep, **kw)
+        else:
+            engine = Engine(folder, tp=tp, ep=ep, **kw)
+        with engine as e:
+            out[f"tp={tp} ep={ep}"] = [[int(t) for t in o.token_ids]
+                                       for o in e.generate(prompts, sp)]
+            e.check_integrity()
+    return out
+
+
+def main() -> None:
+    root, part = Path(sys.argv[1]), sys.argv[2]
+    assert len(jax.devices()) == 8, jax.devices()
+    result: dict = {}
+    if part == "dense":
+        result["errors"] = check_logits(
+            root, DENSE, lambda cfg: [(tp, 1) for tp in (1, 2, 4, 8) if fits(cfg, tp)])
+        result["engine"] = engine_outputs(root, "qwen2", ((1, 1), (4, 1)), (8, 1))
+    elif part == "moe":
+        result["errors"] = check_logits(root, MOE, lambda cfg: MOE_LAYOUTS)
+        result["shards"] = shard_shapes(root)
+        result["engine"] = engine_outputs(root, "mixtral", ((1, 1), (4, 2)), (8, 8))
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
