@@ -53,8 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="stop starting requests after this many (default: whole workload)")
     g.add_argument("--max-duration", type=float, default=None,
                    help="stop starting requests after this many seconds")
-    g.add_argument("--warmup-requests", type=int, default=None,
-                   help="untimed requests first (default: max(2, max concurrency); 0: none)")
+    g.add_argument("--warmup-requests", type=_count_or_all, default=None,
+                   help="untimed requests first, from a differently seeded copy of the "
+                   "workload: a count, or 'all' (default: max(2, max concurrency); 0: none)")
     g.add_argument("--request-timeout", type=float, default=600.0)
     g = p.add_argument_group("generated-shared-prefix")
     g.add_argument("--gsp-num-groups", type=int, default=4)
@@ -80,6 +81,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--plot", type=Path, default=None, help="PNG of TTFT / TPOT / latency")
     g.add_argument("--label", default=None, help="title for the table and plot")
     return p.parse_args(argv)
+
+
+def _count_or_all(value: str) -> int | str:
+    if value == "all":
+        return value
+    n = int(value)
+    if n < 0:
+        raise argparse.ArgumentTypeError("a count >= 0 or 'all'")
+    return n
 
 
 def build_workload(args: argparse.Namespace, tok: wl.Tokenizer, seed: int) -> wl.Workload:
@@ -128,11 +138,12 @@ async def benchmark(args: argparse.Namespace, tok: Any) -> dict[str, Any]:
                     request_rate=args.request_rate, num_requests=args.num_requests,
                     max_duration=args.max_duration, request_timeout=args.request_timeout,
                     seed=args.seed)
-    num_warmup = (max(2, args.max_concurrency or 2) if args.warmup_requests is None
-                  else args.warmup_requests)
+    warm_work = build_workload(args, tok, args.seed + 10_000)
+    num_warmup = {None: max(2, args.max_concurrency or 2), "all": warm_work.num_requests}.get(
+        args.warmup_requests, args.warmup_requests)
     if num_warmup > 0:
-        warm = await run_workload(build_workload(args, tok, args.seed + 10_000),
-                                  replace(cfg, num_requests=num_warmup, max_duration=None), tok)
+        warm = await run_workload(warm_work, replace(cfg, num_requests=num_warmup,
+                                                     max_duration=None), tok)
         if warm.metrics.failed:
             first = next(r.error for r in warm.records if not r.ok)
             raise SystemExit(f"warm-up: {warm.metrics.failed} requests failed: {first}")

@@ -47,6 +47,7 @@ class Metrics:
     cache_hit_rate: float | None  # cached / prompt tokens over the run (ours: /metrics)
     reported_cached_tokens: int | None  # sum of usage.prompt_tokens_details.cached_tokens
     reported_hit_rate: float | None  # the same / the servers' prompt tokens (llama.cpp, vLLM)
+    late_compiles: int | None = None  # ours: step shapes compiled during the run (should be 0)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -60,7 +61,8 @@ def tpot(rec: RequestRecord) -> float | None:
 
 
 def compute_metrics(records: Sequence[RequestRecord], duration_s: float,
-                    cache_hit_rate: float | None = None) -> Metrics:
+                    cache_hit_rate: float | None = None,
+                    late_compiles: int | None = None) -> Metrics:
     if duration_s <= 0:
         raise ValueError(f"duration must be positive, got {duration_s}")
     done = [r for r in records if r.ok]
@@ -79,7 +81,8 @@ def compute_metrics(records: Sequence[RequestRecord], duration_s: float,
         itl_ms=Summary.of([g for r in done for g in r.itls]),
         e2e_ms=Summary.of([r.latency for r in done]), cache_hit_rate=cache_hit_rate,
         reported_cached_tokens=cached if reported else None,
-        reported_hit_rate=cached / served_prompt if reported else None)
+        reported_hit_rate=cached / served_prompt if reported else None,
+        late_compiles=late_compiles)
 
 
 def parse_prometheus(text: str) -> dict[str, float]:

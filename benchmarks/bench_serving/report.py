@@ -29,6 +29,8 @@ def format_metrics(m: Metrics, title: str) -> str:
     if m.reported_cached_tokens is not None:
         rows.append(("cached tokens (usage), hit rate", f"{m.reported_cached_tokens}, "
                      f"{m.reported_hit_rate:.3f}"))
+    if m.late_compiles is not None:
+        rows.append(("step shapes compiled during the run", str(m.late_compiles)))
     width = max(len(k) for k, _ in rows)
     lines = [f"== {title} =="] + [f"{k:<{width}}  {v}" for k, v in rows]
     return "\n".join(lines)

@@ -119,11 +119,21 @@ async def scrape_metrics(client: httpx.AsyncClient, base_url: str) -> dict[str, 
     return parse_prometheus(r.text) if r.status_code == 200 else {}
 
 
+async def late_compiles(client: httpx.AsyncClient, base_url: str) -> int | None:
+    """Our server's count of step shapes compiled after start-up; None elsewhere."""
+    try:
+        r = await client.get(base_url + "/get_server_info", timeout=10)
+        return int(r.json()["stats"]["num_late_compiles"]) if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+
+
 async def run_workload(workload: Workload, cfg: RunConfig, tok: Tokenizer) -> RunResult:
     """Send the workload, time it, and sum it up (cache hit rate from /metrics deltas)."""
     limits = httpx.Limits(max_connections=cfg.max_concurrency or 1000)
     async with httpx.AsyncClient(limits=limits) as client:
         before = await scrape_metrics(client, cfg.base_url)
+        compiles_before = await late_compiles(client, cfg.base_url)
         slots = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
         budget = _Budget(cfg.num_requests or workload.num_requests, cfg.max_duration)
         delays = arrival_delays(len(workload.sessions), cfg.request_rate,
@@ -135,5 +145,8 @@ async def run_workload(workload: Workload, cfg: RunConfig, tok: Tokenizer) -> Ru
             for s, d in zip(workload.sessions, delays, strict=True)))
         duration = time.perf_counter() - start
         after = await scrape_metrics(client, cfg.base_url)
-    metrics = compute_metrics(records, duration, hit_rate_between(before, after))
+        compiles_after = await late_compiles(client, cfg.base_url)
+    compiled = (compiles_after - compiles_before
+                if compiles_before is not None and compiles_after is not None else None)
+    metrics = compute_metrics(records, duration, hit_rate_between(before, after), compiled)
     return RunResult(workload.name, records, metrics)

@@ -53,9 +53,9 @@ def parse_args() -> argparse.Namespace:
 
 
 def cell_argv(args: argparse.Namespace, url: str, workload: str, concurrency: int,
-              seed: int, warmup: int, plot: Path) -> list[str]:
+              seed: int, warmup: str, plot: Path) -> list[str]:
     argv = ["--base-url", url, "--workload", workload, "--max-concurrency", str(concurrency),
-            "--seed", str(seed), "--warmup-requests", str(warmup), "--plot", str(plot),
+            "--seed", str(seed), "--warmup-requests", warmup, "--plot", str(plot),
             "--max-duration", str(args.max_duration), *args.serving_args.split()]
     if args.num_requests:
         argv += ["--num-requests", str(args.num_requests)]
@@ -70,9 +70,8 @@ def run_server(name: str, args: argparse.Namespace, tok: Any) -> dict[str, Any]:
     try:
         for wi, workload in enumerate(args.workloads):
             for ci, c in enumerate(args.concurrency):
-                warmup = (max(2, c) if spec.warmup_requests is None
-                          else spec.warmup_requests)
-                argv = cell_argv(args, spec.url, workload, c, args.seed + 100 * wi + ci, warmup,
+                argv = cell_argv(args, spec.url, workload, c, args.seed + 100 * wi + ci,
+                                 spec.warmup_requests,
                                  args.out / f"{name}-{workload}-c{c}.png")
                 argv += ["--label", f"{name}: {workload} c={c}"]
                 payload = asyncio.run(serving.benchmark(serving.parse_args(argv), tok))

@@ -20,9 +20,11 @@ class ServerSpec:
     name: str
     command: tuple[str, ...]
     port: int
-    # per-server warm-up: HF generates one request at a time, so a warm-up of 16 teaches
-    # it nothing and costs minutes; None = the run's concurrency
-    warmup_requests: int | None = None
+    # untimed requests before each cell (serving.py --warmup-requests): the whole
+    # workload, so ours has compiled every step shape the cell will dispatch (prefix hits
+    # make extend shapes that start-up does not compile). HF generates one request at a
+    # time and compiles nothing, so 2 do.
+    warmup_requests: str = "all"
 
     @property
     def url(self) -> str:
@@ -39,7 +41,7 @@ def server_specs(parallel: int, base_port: int = 30100) -> dict[str, ServerSpec]
                                               "--port", str(base_port + 1), "--parallel",
                                               str(parallel)), base_port + 1),
         "hf": ServerSpec("hf", (py, str(PEERS / "hf_server.py"), "--port",
-                                str(base_port + 2)), base_port + 2, warmup_requests=2),
+                                str(base_port + 2)), base_port + 2, warmup_requests="2"),
     }
 
 

@@ -45,6 +45,7 @@ def test_shared_prefix_run_reports_throughput_latency_and_cache_hits(url, tok, t
     # the second prompt of each group reuses its group's 64-token system prompt
     assert 0.3 < m["cache_hit_rate"] < 1.0
     assert m["reported_cached_tokens"] >= 2 * 60
+    assert m["late_compiles"] >= 0  # read from /get_server_info (--no-warmup here)
     assert json.loads(out.read_text())["metrics"] == m
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
