@@ -5,6 +5,7 @@
 # Prints the path of the built binary on its last line. ~4-5 min on 2 cores; run heavy
 # builds under the shared lock: flock /tmp/heavy.lock bash benchmarks/peers/install_llama_cpp.sh
 set -euo pipefail
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 prefix="${1:-$HOME/.cache/radixjax-peers}"
 version="${LLAMA_CPP_PYTHON_VERSION:-}"   # empty = newest sdist on the registry
 python="${PYTHON:-python3}"

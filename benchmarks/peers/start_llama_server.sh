@@ -2,7 +2,7 @@
 # Start llama.cpp's llama-server (built by install_llama_cpp.sh) on loopback, on the same
 # SmolLM2 GGUF as ours, in the foreground:
 #   bash benchmarks/peers/start_llama_server.sh [--port 30001] [--parallel 16] [--ctx-per-slot 1024]
-# -fa off: flash attention halved its decode on this CPU (docs/../DESIGN traps);
+# -fa off: flash attention halved its decode on this CPU (measured at 800-token context);
 # --parallel N slots = continuous batching of N requests; -c is the total context
 # (N x ctx-per-slot); --jinja renders chat with the GGUF's own chat template, as ours does.
 set -euo pipefail
@@ -16,7 +16,8 @@ while [ $# -gt 0 ]; do
     --port) port="$2"; shift 2 ;;
     --parallel) parallel="$2"; shift 2 ;;
     --ctx-per-slot) ctx_per_slot="$2"; shift 2 ;;
-    *) echo "unknown option $1" >&2; exit 2 ;;
+    -h|--help) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 bin="${LLAMA_SERVER:-$HOME/.cache/radixjax-peers/llama.cpp/build/bin/llama-server}"
