@@ -40,9 +40,10 @@ def fits(cfg, tp: int) -> bool:
     return cfg.num_heads % tp == 0
 
 
-def run_logits(cfg, params, lay: Layout | None) -> np.ndarray:
+def run_logits(cfg, params, lay: Layout | None, backend: str = "native") -> np.ndarray:
     """A ragged prefill of 3 prompts then 2 batched decode steps; all logits stacked."""
-    runner = tiny_runner(cfg, params, num_slots=128, max_batch_tokens=32, max_context=32)
+    runner = tiny_runner(cfg, params, num_slots=128, max_batch_tokens=32, max_context=32,
+                         attention_backend=backend)
     if lay is not None:
         from radixjax.runtime.model_runner import ModelRunner
         runner = ModelRunner(cfg, params, runner.config, layout=lay)
@@ -74,6 +75,26 @@ def check_logits(root: Path, families, layouts_of) -> dict[str, float]:
             errors[key] = rel_err(run_logits(m.cfg, sharded.params, lay), ref)
             print(key, errors[key], file=sys.stderr, flush=True)
     return errors
+
+
+def pallas_and_errors(root: Path) -> dict:
+    """The pallas backend (interpret mode) under TP 2, wrapped per KV-head shard by
+    shard_map, against native single device; and the layouts that must be refused."""
+    from radixjax.parallel.shard_params import ShardingError, sharded_config
+
+    m = load_model(root / "llama3", load_tokenizer=False)
+    out = {"pallas tp=2": rel_err(run_logits(m.cfg, m.params, layout(2), "pallas"),
+                                  run_logits(m.cfg, m.params, None))}
+    refused = {}
+    llama = load_model(root / "llama", load_tokenizer=False).cfg  # 4 heads, dense
+    for name, (cfg, tp, ep) in {"heads": (llama, 8, 1), "dense ep": (llama, 2, 2)}.items():
+        try:
+            sharded_config(cfg, layout(tp, ep))
+            refused[name] = ""
+        except ShardingError as e:
+            refused[name] = str(e)
+    out["refused"] = refused
+    return out
 
 
 def shard_shapes(root: Path) -> dict[str, list]:
@@ -133,6 +154,7 @@ def main() -> None:
         result["errors"] = check_logits(
             root, DENSE, lambda cfg: [(tp, 1) for tp in (1, 2, 4, 8) if fits(cfg, tp)])
         result["engine"] = engine_outputs(root, "qwen2", ((1, 1), (4, 1)), (8, 1))
+        result["pallas"] = pallas_and_errors(root)
     elif part == "moe":
         result["errors"] = check_logits(root, MOE, lambda cfg: MOE_LAYOUTS)
         result["shards"] = shard_shapes(root)

@@ -49,6 +49,13 @@ def test_dense_tp_logits_equal_single_device(dense) -> None:
             assert errors[f"{fam} tp={tp} ep=1"] < TOL, (fam, tp)
 
 
+def test_pallas_backend_under_tp_and_refused_layouts(dense) -> None:
+    assert dense["pallas"]["pallas tp=2"] < TOL
+    refused = dense["pallas"]["refused"]
+    assert "num_heads=4 is not divisible by tp=8" in refused["heads"]
+    assert "needs an MoE model" in refused["dense ep"]
+
+
 def test_moe_tp_ep_logits_equal_single_device(moe) -> None:
     errors = moe["errors"]
     for fam in ("qwen3_moe", "mixtral"):

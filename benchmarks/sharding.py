@@ -1,0 +1,141 @@
+"""Step time and per-device memory for each TP / EP layout of a dense and an MoE model
+(random weights, ModelConfig built here, no checkpoint needed).
+
+    # CPU: 8 fake devices sharing the cores (correctness-oriented, not a speed test)
+    .venv/bin/python benchmarks/sharding.py --cpu-devices 8
+    # a multi-GPU machine: the real devices, larger shapes
+    python benchmarks/sharding.py --preset gpu --dtype bfloat16
+
+Per-device memory counts the bytes of params and KV pool each device holds (sum of its
+shards); on a GPU device 0's allocator bytes in use (memory_stats) are shown too.
+Decode: B requests, one new token each over `ctx` cached positions; prefill: one
+request of T tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+# The fake CPU devices must exist before jax initialises.
+if "--cpu-devices" in sys.argv:
+    _n = sys.argv[sys.argv.index("--cpu-devices") + 1]
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + f" --xla_force_host_platform_device_count={_n}")
+
+import time  # noqa: E402
+from collections import defaultdict  # noqa: E402
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from radixjax.model.config import ModelConfig  # noqa: E402
+from radixjax.model.params import init_params  # noqa: E402
+from radixjax.parallel.mesh import MeshConfig, make_mesh  # noqa: E402
+from radixjax.parallel.rules import Layout  # noqa: E402
+from radixjax.runtime.batch import RequestSlice, build_batch  # noqa: E402
+from radixjax.runtime.model_runner import ModelRunner, RunnerConfig, StepOptions  # noqa: E402
+from radixjax.sampling.params import SamplingArrays, SamplingParams  # noqa: E402
+
+PRESETS = {  # (hidden, heads, kv heads, layers, mlp, vocab, experts, expert mlp, B, ctx, T)
+    "cpu": (256, 8, 4, 4, 768, 4096, 8, 256, 8, 128, 128),
+    "gpu": (2048, 16, 8, 8, 5632, 32768, 16, 1408, 32, 1024, 1024),
+}
+DENSE_LAYOUTS = ((1, 1), (2, 1), (4, 1), (8, 1))
+MOE_LAYOUTS = ((1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 8))
+
+
+def model_config(preset: str, moe: bool) -> ModelConfig:
+    d, h, hkv, layers, f, v, e, fe, *_ = PRESETS[preset]
+    return ModelConfig(
+        model_type="qwen3_moe" if moe else "qwen3", vocab_size=v, hidden_size=d,
+        intermediate_size=f, num_layers=layers, num_heads=h, num_kv_heads=hkv,
+        head_dim=d // h, qk_norm=True, num_experts=e if moe else 0,
+        num_experts_per_tok=2 if moe else 0, moe_intermediate_size=fe,
+    )
+
+
+def per_device_bytes(runner: ModelRunner) -> dict[str, int]:
+    """Largest per-device total of params and of the KV pool (bytes)."""
+    out = {}
+    for name, tree in (("params", runner.params), ("kv", runner.kv)):
+        per_dev: dict[jax.Device, int] = defaultdict(int)
+        for leaf in jax.tree_util.tree_leaves(tree):
+            for s in leaf.addressable_shards:
+                per_dev[s.device] += s.data.size * s.data.dtype.itemsize
+        out[name] = max(per_dev.values())
+    return out
+
+
+def time_step(runner: ModelRunner, reqs: list[RequestSlice], steps: int) -> float:
+    batch = build_batch(reqs, runner.buckets)
+    sp = SamplingArrays.build([SamplingParams(temperature=0)] * len(reqs), [0] * len(reqs),
+                              batch.shape.num_reqs)
+    runner.step(batch, sp, StepOptions()).tokens.block_until_ready()  # compile
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        runner.step(batch, sp, StepOptions()).tokens.block_until_ready()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def bench(cfg: ModelConfig, tp: int, ep: int, args: argparse.Namespace) -> dict:
+    *_, b, ctx, t = PRESETS[args.preset]
+    layout = None if tp == ep == 1 else Layout(make_mesh(MeshConfig(tp=tp, ep=ep)))
+    params = init_params(cfg, jax.random.key(0), args.dtype)
+    runner = ModelRunner(cfg, params, RunnerConfig(
+        num_slots=b * ctx + t + 8, num_token_rows=b + 1, max_batch_tokens=t,
+        max_running=b, max_context=max(ctx, t), kv_dtype=args.dtype,
+        attention_backend=args.attention_backend), layout)
+    del params
+    rng = np.random.default_rng(0)
+    decode = [RequestSlice(rng.integers(3, cfg.vocab_size, 1).astype(np.int32),
+                           np.arange(1 + i * ctx, 1 + (i + 1) * ctx, dtype=np.int32), row=i)
+              for i in range(b)]
+    prefill = [RequestSlice(rng.integers(3, cfg.vocab_size, t).astype(np.int32),
+                            np.arange(1 + b * ctx, 1 + b * ctx + t, dtype=np.int32))]
+    row = {"layout": f"tp={tp} ep={ep}", **per_device_bytes(runner),
+           "decode_ms": 1e3 * time_step(runner, decode, args.steps),
+           "prefill_ms": 1e3 * time_step(runner, prefill, args.steps)}
+    stats = jax.devices()[0].memory_stats() or {}  # None on the CPU backend
+    row["in_use"] = stats.get("bytes_in_use")  # device 0, while this runner is alive
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cpu-devices", type=int, default=0, help="fake CPU devices (0: real ones)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--attention-backend", default="native")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--only", choices=("dense", "moe"), default=None)
+    args = p.parse_args()
+    n = len(jax.devices())
+    d, h, hkv, layers, f, v, e, fe, b, ctx, t = PRESETS[args.preset]
+    print(f"{n} x {jax.devices()[0].device_kind}; preset {args.preset}: hidden {d}, heads "
+          f"{h}/{hkv}, {layers} layers, mlp {f}, vocab {v}, experts {e} top-2 of {fe}; "
+          f"decode B={b} ctx={ctx}, prefill T={t}; {args.dtype}\n")
+    print("| model | layout | params / device | KV pool / device | decode ms/step "
+          "| prefill ms/step | device 0 in use |")
+    print("|---|---|---|---|---|---|---|")
+    for moe, layouts in ((False, DENSE_LAYOUTS), (True, MOE_LAYOUTS)):
+        if args.only and args.only != ("moe" if moe else "dense"):
+            continue
+        cfg = model_config(args.preset, moe)
+        for tp, ep in layouts:
+            if tp > n:
+                continue
+            r = bench(cfg, tp, ep, args)
+            peak = f"{r['in_use'] / 2**20:.0f} MiB" if r["in_use"] else "n/a"
+            print(f"| {cfg.model_type} | {r['layout']} | {r['params'] / 2**20:.1f} MiB "
+                  f"| {r['kv'] / 2**20:.1f} MiB | {r['decode_ms']:.1f} | {r['prefill_ms']:.1f} "
+                  f"| {peak} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
