@@ -9,6 +9,7 @@ query heads need. The runner then works on `sharded_config(cfg, tp)` (Hkv * r he
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -77,7 +78,7 @@ class ShardPlacer:
         return jax.make_array_from_callback(arr.shape, sharding, lambda idx: arr[idx])
 
 
-def placer_for(layout: Layout) -> Any:
+def placer_for(layout: Layout) -> Callable[[ModelConfig], Placer]:
     """cfg -> Placer, for loaders that learn the config from the checkpoint."""
 
     def make(cfg: ModelConfig) -> Placer:
