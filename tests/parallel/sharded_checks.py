@@ -120,13 +120,17 @@ def shard_shapes(root: Path) -> dict[str, list]:
 
 
 def engine_outputs(root: Path, fam: str, layouts, in_memory: tuple[int, int]) -> dict:
-    """Greedy token ids of 3 prompts (two share a prefix: a radix-cache hit) per layout;
-    layouts load straight into shards from disk, `in_memory` reshards loaded params."""
+    """Greedy and seeded-sampled token ids of 3 prompts (two share a prefix: a radix-cache
+    hit) per layout; layouts load straight into shards from disk, `in_memory` reshards
+    loaded params."""
     from radixjax import Engine, SamplingParams
 
     kw = dict(num_slots=256, max_running=4, max_context=64, max_prefill_tokens=32,
               chunk_size=16)
     sp = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
+    # seeded sampling too: the sampler's sort / top-k / top-p over vocab-split logits
+    sampled = SamplingParams(max_new_tokens=6, temperature=0.8, top_k=20, top_p=0.9, seed=3,
+                             ignore_eos=True)
     rng = np.random.default_rng(5)
     shared = list(rng.integers(3, 200, 12))
     prompts = [shared + list(rng.integers(3, 200, 5)), list(rng.integers(3, 200, 21)),
@@ -141,7 +145,7 @@ def engine_outputs(root: Path, fam: str, layouts, in_memory: tuple[int, int]) ->
             engine = Engine(folder, tp=tp, ep=ep, **kw)
         with engine as e:
             out[f"tp={tp} ep={ep}"] = [[int(t) for t in o.token_ids]
-                                       for o in e.generate(prompts, sp)]
+                                       for p in (sp, sampled) for o in e.generate(prompts, p)]
             e.check_integrity()
     return out
 

@@ -81,7 +81,8 @@ def test_params_and_kv_pool_are_sharded(moe) -> None:
     assert s["mixtral k_pool"] == [[64, 4, 8], 4, [[64, 1, 8]]]
 
 
-def test_engine_greedy_outputs_equal_across_layouts(dense, moe) -> None:
+def test_engine_outputs_equal_across_layouts(dense, moe) -> None:
+    """Greedy, and seeded sampling (temperature, top-k, top-p), token for token."""
     for result in (dense, moe):
         outs = result["engine"]
         ref = outs["tp=1 ep=1"]
