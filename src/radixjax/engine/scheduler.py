@@ -201,7 +201,10 @@ class Scheduler:
                 budget -= n
         chunking = any(n < r.seq_len - r.num_computed for r, n in zip(reqs, num_new,
                                                                        strict=True))
-        if self.waiting and budget > 0 and not chunking:
+        # A full running set admits nothing: skip ordering the queue (a prefix match
+        # per waiting request) on every decode iteration.
+        if (self.waiting and budget > 0 and not chunking
+                and len(self.running) < self.cfg.max_running):
             self._admit(reqs, num_new, budget)
         if not reqs:
             return None
