@@ -25,19 +25,18 @@ if "--cpu-devices" in sys.argv:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + f" --xla_force_host_platform_device_count={_n}")
 
-import time  # noqa: E402
 from collections import defaultdict  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from model_step import time_steps  # noqa: E402  (benchmarks/, the script's folder)
 
 from radixjax.model.config import ModelConfig  # noqa: E402
 from radixjax.model.params import init_params  # noqa: E402
 from radixjax.parallel.mesh import MeshConfig, make_mesh  # noqa: E402
 from radixjax.parallel.rules import Layout  # noqa: E402
-from radixjax.runtime.batch import RequestSlice, build_batch  # noqa: E402
-from radixjax.runtime.model_runner import ModelRunner, RunnerConfig, StepOptions  # noqa: E402
-from radixjax.sampling.params import SamplingArrays, SamplingParams  # noqa: E402
+from radixjax.runtime.batch import RequestSlice  # noqa: E402
+from radixjax.runtime.model_runner import ModelRunner, RunnerConfig  # noqa: E402
 
 PRESETS = {  # (hidden, heads, kv heads, layers, mlp, vocab, experts, expert mlp, B, ctx, T)
     "cpu": (256, 8, 4, 4, 768, 4096, 8, 256, 8, 128, 128),
@@ -69,19 +68,6 @@ def per_device_bytes(runner: ModelRunner) -> dict[str, int]:
     return out
 
 
-def time_step(runner: ModelRunner, reqs: list[RequestSlice], steps: int) -> float:
-    batch = build_batch(reqs, runner.buckets)
-    sp = SamplingArrays.build([SamplingParams(temperature=0)] * len(reqs), [0] * len(reqs),
-                              batch.shape.num_reqs)
-    runner.step(batch, sp, StepOptions()).tokens.block_until_ready()  # compile
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        runner.step(batch, sp, StepOptions()).tokens.block_until_ready()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
-
-
 def bench(cfg: ModelConfig, tp: int, ep: int, args: argparse.Namespace) -> dict:
     *_, b, ctx, t = PRESETS[args.preset]
     layout = None if tp == ep == 1 else Layout(make_mesh(MeshConfig(tp=tp, ep=ep)))
@@ -98,8 +84,8 @@ def bench(cfg: ModelConfig, tp: int, ep: int, args: argparse.Namespace) -> dict:
     prefill = [RequestSlice(rng.integers(3, cfg.vocab_size, t).astype(np.int32),
                             np.arange(1 + b * ctx, 1 + b * ctx + t, dtype=np.int32))]
     row = {"layout": f"tp={tp} ep={ep}", **per_device_bytes(runner),
-           "decode_ms": 1e3 * time_step(runner, decode, args.steps),
-           "prefill_ms": 1e3 * time_step(runner, prefill, args.steps)}
+           "decode_ms": 1e3 * time_steps(runner, decode, args.steps),
+           "prefill_ms": 1e3 * time_steps(runner, prefill, args.steps)}
     stats = jax.devices()[0].memory_stats() or {}  # None on the CPU backend
     row["in_use"] = stats.get("bytes_in_use")  # device 0, while this runner is alive
     return row
