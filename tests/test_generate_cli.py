@@ -1,4 +1,4 @@
-"""The README's run command path: `python -m radixjax.generate` with the default model."""
+"""The README's run command path: `python -m radixjax.cli`."""
 
 from __future__ import annotations
 
@@ -24,3 +24,28 @@ def test_cli_rejects_a_missing_model() -> None:
     )
     assert proc.returncode == 2
     assert "error: ModelNotFoundError" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_tp_and_ep_give_the_single_device_text(tmp_path) -> None:
+    """--tp / --ep on the CLI, on a fake 8-device CPU mesh and a tiny Qwen3-MoE folder:
+    the greedy text equals the single-device text, and a bad layout is a clear error."""
+    import os
+
+    from tests.tiny_models import save_char_tokenizer, save_tiny_model
+
+    folder = save_char_tokenizer(save_tiny_model("qwen3_moe", tmp_path / "m"))
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=8")
+
+    def cli(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "radixjax.cli", "--model", str(folder), "--raw",
+             "--prompt", "hello world", "--max-tokens", "8", *flags],
+            capture_output=True, text=True, timeout=300, env=env)
+
+    single, sharded = cli(), cli("--tp", "4", "--ep", "2")
+    assert single.returncode == 0 and sharded.returncode == 0, sharded.stderr
+    assert single.stdout.rstrip("\n")  # some text: one character per token
+    assert sharded.stdout == single.stdout
+    bad = cli("--tp", "3", "--ep", "2")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr

@@ -61,3 +61,18 @@ def save_tiny_model(family: str, folder: Path) -> Path:
     model = make_tiny_hf_model(family)
     model.save_pretrained(folder)
     return folder
+
+
+def save_char_tokenizer(folder: Path) -> Path:
+    """A one-character-per-token tokenizer of exactly 256 tokens (printable ASCII, then
+    Latin Extended letters), saved as HF tokenizer files: text in and out of the tiny
+    models (vocab 256) with no download, and every token id decodes to its own character,
+    so equal text means equal tokens."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(c) for c in range(32, 127)] + [chr(0x100 + i) for i in range(256 - 95)]
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(chars)}, merges=[]))
+    tok.decoder = decoders.Fuse()
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(folder)
+    return folder

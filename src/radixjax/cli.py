@@ -9,6 +9,9 @@ import time
 
 from radixjax.loaders import ModelNotFoundError, load_model
 from radixjax.model.config import UnsupportedModelError
+from radixjax.parallel.mesh import MeshConfigError
+from radixjax.parallel.rules import layout_for
+from radixjax.parallel.shard_params import placer_for
 from radixjax.runtime.compile_cache import enable_persistent_cache
 from radixjax.runtime.model_runner import DTYPES, ModelRunner, RunnerConfig
 from radixjax.runtime.simple_generate import PromptTooLongError, generate_tokens
@@ -30,6 +33,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                    help="weight dtype (float32 measured fastest on CPU; benchmarks/README.md)")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel devices (0: every visible device; docs/sharding.md)")
+    p.add_argument("--ep", type=int, default=1,
+                   help="expert-parallel groups inside the TP group (MoE); must divide --tp")
     return p.parse_args(argv)
 
 
@@ -38,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args)
     except (ModelNotFoundError, UnsupportedModelError, SamplingParamsError,
-            PromptTooLongError) as e:
+            PromptTooLongError, MeshConfigError) as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
 
@@ -46,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     enable_persistent_cache()
     t0 = time.perf_counter()
-    m = load_model(args.model, dtype=args.dtype)
+    layout = layout_for(args.tp, args.ep)
+    m = load_model(args.model, dtype=args.dtype,
+                   placer_for=placer_for(layout) if layout is not None else None)
     tok = m.tokenizer
     if args.raw or not tok.chat_template:
         ids = tok(args.prompt).input_ids
@@ -59,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     context = 1 << max(8, (len(ids) + args.max_tokens - 1).bit_length())
     runner = ModelRunner(m.cfg, m.params, RunnerConfig(
         num_slots=context + 1, max_batch_tokens=context, max_running=1, max_context=context,
-        kv_dtype=args.dtype))
+        kv_dtype=args.dtype), layout)
     print(f"[loaded {m.source} in {time.perf_counter() - t0:.1f}s]", file=sys.stderr)
     out: list[int] = []
     printed = ""

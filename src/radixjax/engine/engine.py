@@ -22,8 +22,7 @@ from radixjax.grammar.backend import GrammarBackend, GrammarError
 from radixjax.loaders import load_model
 from radixjax.model.config import ModelConfig
 from radixjax.model.params import Params
-from radixjax.parallel.mesh import MeshConfig, make_mesh
-from radixjax.parallel.rules import Layout
+from radixjax.parallel.rules import layout_for
 from radixjax.parallel.shard_params import placer_for
 from radixjax.runtime.compile_cache import enable_persistent_cache
 from radixjax.runtime.model_runner import ModelRunner, RunnerConfig
@@ -57,13 +56,6 @@ class StreamChunk:
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
-def _layout(config: EngineConfig) -> Layout | None:
-    """tp = ep = 1: no mesh at all (the single-device path)."""
-    if config.tp == 1 and config.ep == 1:
-        return None
-    return Layout(make_mesh(MeshConfig(tp=config.tp, ep=config.ep)))
-
-
 class Engine:
     """Serves one model with the radix cache and the overlap scheduler.
 
@@ -81,7 +73,7 @@ class Engine:
         loop that should run it (the HTTP server shares uvicorn's loop this way)."""
         self.config = EngineConfig(**engine_options)
         # One mesh per engine (None: one device); scheduler and radix tree stay one.
-        self.layout = _layout(self.config)
+        self.layout = layout_for(self.config.tp, self.config.ep)
         if params is not None:
             if model_config is None:
                 raise ValueError("an in-memory model needs model_config as well as params")

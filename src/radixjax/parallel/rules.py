@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from radixjax.parallel.mesh import EXPERT_AXIS, TENSOR_AXIS
+from radixjax.parallel.mesh import EXPERT_AXIS, TENSOR_AXIS, MeshConfig, make_mesh
 
 Rules = tuple[tuple[str, tuple[str, ...]], ...]
 
@@ -91,3 +91,11 @@ class Layout:
 
     def is_sharded(self, logical: str, dim: int) -> bool:
         return self.partition((logical,), (dim,))[0] is not None
+
+
+def layout_for(tp: int, ep: int) -> Layout | None:
+    """The layout of a --tp / --ep pair; tp = ep = 1: None, the single-device path (no
+    mesh at all)."""
+    if tp == 1 and ep == 1:
+        return None
+    return Layout(make_mesh(MeshConfig(tp=tp, ep=ep)))
