@@ -11,17 +11,15 @@ import serving
 from bench_serving import workloads as wl
 from bench_serving.runner import RunConfig, run_workload
 
-from tests.server.conftest import start_server
+from tests.server.conftest import running_server
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def url():
-    proc, url = start_server()
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    with running_server() as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

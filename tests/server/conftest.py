@@ -6,6 +6,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -41,12 +43,21 @@ def start_server(extra: list[str] = ()) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("server did not become healthy")
 
 
+@contextmanager
+def running_server(extra: list[str] = ()) -> Iterator[str]:
+    """A started server's base URL; stopped on exit."""
+    proc, url = start_server(extra)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 @pytest.fixture(scope="session")
 def server():
-    proc, url = start_server()
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    with running_server() as url:
+        yield url
 
 
 def wait_idle(url: str, timeout: float = 30.0) -> dict:

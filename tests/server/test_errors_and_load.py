@@ -8,7 +8,7 @@ import asyncio
 import httpx
 import pytest
 
-from tests.server.conftest import MODEL, start_server, wait_idle
+from tests.server.conftest import MODEL, running_server, wait_idle
 
 MSG = [{"role": "user", "content": "hi"}]
 CHAT, COMP = "/v1/chat/completions", "/v1/completions"
@@ -121,8 +121,7 @@ def test_burst_of_concurrent_streams_completes(server) -> None:
 
 
 def test_api_key_is_required_when_set() -> None:
-    proc, url = start_server(["--api-key", "s3cret"])
-    try:
+    with running_server(["--api-key", "s3cret"]) as url:
         body = {"model": MODEL, "messages": MSG, "max_tokens": 2}
         assert httpx.post(url + CHAT, json=body, timeout=60).status_code == 401
         wrong = {"Authorization": "Bearer nope"}
@@ -132,6 +131,3 @@ def test_api_key_is_required_when_set() -> None:
                         timeout=60)
         assert ok.status_code == 200
         assert httpx.get(url + "/health", timeout=5).status_code == 200  # health is open
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
