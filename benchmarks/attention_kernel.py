@@ -29,12 +29,9 @@ import numpy as np
 from pallas_kernels.blocks import AttentionBlocks, choose_blocks
 from pallas_kernels.ragged_attention import ragged_paged_attention
 from pallas_kernels.ref import ragged_paged_attention_ref
-from radixjax.model.attention import AttentionMetadata, BatchShape, native_attention
-from radixjax.model.pallas_backend import (
-    cu_q_lens_from,
-    page_table_from_slots,
-    pallas_attention,
-)
+from radixjax.model.attention import TABLE_ALIGN, AttentionMetadata
+from radixjax.model.native_attention import native_attention
+from radixjax.model.pallas_backend import cu_q_lens_from, page_table, pallas_attention
 
 PAGE = 16
 
@@ -83,20 +80,21 @@ class Step:
         num_pages = sum(pages_per) + 1
         perm = rng.permutation(np.arange(1, num_pages, dtype=np.int32))
         b, t = len(q_lens), sum(q_lens)
-        kv_slots = np.zeros((b, max_kv), np.int32)
+        width = -(-max_kv // TABLE_ALIGN) * TABLE_ALIGN
+        table = np.zeros((b + 1, width), np.int32)  # req_to_token; the last row is spare
         out_slots, positions, token_req, start = [], [], [], 0
         for i, (q, k, n) in enumerate(zip(q_lens, kv_lens, pages_per, strict=True)):
             pages = perm[start : start + n]
             start += n
             slots = (pages[:, None] * PAGE + np.arange(PAGE)[None]).reshape(-1)[:k]
-            kv_slots[i, :k] = slots
+            table[i, :k] = slots
             out_slots += list(slots[k - q :])
             positions += list(range(k - q, k))
             token_req += [i] * q
         q_start = np.concatenate([[0], np.cumsum(q_lens)[:-1]]).astype(np.int32)
         self.md = AttentionMetadata(*(jnp.asarray(np.asarray(a, np.int32)) for a in (
-            positions, out_slots, token_req, q_start, q_lens, kv_lens, kv_slots)))
-        self.shape = BatchShape(t, b, max(q_lens), max_kv)
+            positions, out_slots, token_req, q_start, q_lens, kv_lens, np.arange(b), table)))
+        self.max_q, self.max_kv, self.num_reqs = max(q_lens), max_kv, b
         key = jax.random.key(seed)
         kq, kk, kv, kn = jax.random.split(key, 4)
         pool = (num_pages * PAGE, heads.kv, heads.dim)
@@ -108,7 +106,7 @@ class Step:
         self.kv_bytes = 2 * sum(kv_lens) * heads.kv * heads.dim * jnp.dtype(dtype).itemsize
 
     def time_backend(self, backend, iters: int) -> float:
-        fn = jax.jit(partial(backend, shape=self.shape, window=None, scale=self.heads.scale),
+        fn = jax.jit(partial(backend, window=None, scale=self.heads.scale),
                      donate_argnums=(3, 4))
         pools = [self.k_pool, self.v_pool]
 
@@ -123,13 +121,12 @@ class Step:
     def kernel_args(self) -> tuple:
         paged = (-1, PAGE, self.heads.kv, self.heads.dim)
         return (self.q, self.k_pool.reshape(paged), self.v_pool.reshape(paged),
-                page_table_from_slots(self.md.kv_slots, PAGE), cu_q_lens_from(self.md),
+                page_table(self.md, PAGE), cu_q_lens_from(self.md),
                 self.md.kv_len)
 
     def time_kernel(self, iters: int) -> float:
-        s = self.shape
-        blocks = choose_blocks(s.num_reqs, self.heads.kv, s.max_q, s.max_kv)
-        fn = jax.jit(partial(ragged_paged_attention, scale=self.heads.scale, max_q=s.max_q,
+        blocks = choose_blocks(self.num_reqs, self.heads.kv, self.max_q, self.max_kv)
+        fn = jax.jit(partial(ragged_paged_attention, scale=self.heads.scale, max_q=self.max_q,
                              blocks=blocks))
         args = self.kernel_args()
         return time_ms(lambda: fn(*args).block_until_ready(), iters)
@@ -146,9 +143,9 @@ def gpu_main(args: argparse.Namespace) -> None:
     bw = hbm_read_gbps()
     print(f"device: {jax.devices()[0].device_kind}; HBM read {bw:.0f} GB/s")
     check = Step([1] * 8 + [300], [1024] * 8 + [1500], dtype=jnp.float32)
-    s = check.shape
-    ours = jax.jit(partial(ragged_paged_attention, scale=LLAMA3_8B.scale, max_q=s.max_q,
-                           blocks=choose_blocks(s.num_reqs, LLAMA3_8B.kv, 1, s.max_kv)))
+    ours = jax.jit(partial(ragged_paged_attention, scale=LLAMA3_8B.scale, max_q=check.max_q,
+                           blocks=choose_blocks(check.num_reqs, LLAMA3_8B.kv, 1,
+                                                check.max_kv)))
     args = check.kernel_args()
     ref = ragged_paged_attention_ref(*args, scale=LLAMA3_8B.scale)
     err = float(jnp.max(jnp.abs(ours(*args) - ref)) / jnp.max(jnp.abs(ref)))
@@ -191,7 +188,8 @@ def cpu_check() -> None:
     again = time_ms(lambda: fn(*args).block_until_ready(), 3)
     ref = np.asarray(ragged_paged_attention_ref(*args, scale=TINY.scale))
     err = float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
-    print(f"interpret mode on {jax.default_backend()}: {step.shape}, rel err {err:.1e}; "
+    print(f"interpret mode on {jax.default_backend()}: {step.num_reqs} requests, "
+          f"rel err {err:.1e}; "
           f"first call (trace + compile + run) {first:.2f} s, then {again:.1f} ms/call")
     if err > 1e-5:
         raise SystemExit("kernel does not match the reference")

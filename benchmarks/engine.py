@@ -14,10 +14,8 @@ Sizes are scaled down for the 2-core CPU VM (see benchmarks/README.md); the flag
 them back up, e.g. the issue's (a): --systems 8 --system-len 1024 --questions 16
 --new-tokens 64. Prompts are random token ids (fixed seeds), greedy, ignore_eos.
 
-Every engine compiles its step shapes before the clock starts: a dry run of the same
-workload on the null runner lists the (shape, options) keys the scheduler will dispatch
-(scheduling does not depend on token values here), `runner.warmup` compiles them, and
-`num_late_compiles` afterwards must be 0.
+Every engine compiles its step programs (one per token bucket) before the clock starts
+(`runner.warmup`), and `num_late_compiles` afterwards must be 0.
 """
 
 from __future__ import annotations
@@ -32,13 +30,14 @@ import numpy as np
 
 from radixjax import Engine, SamplingParams
 from radixjax.engine.config import EngineConfig
-from radixjax.engine.engine import GenerateOutput
+from radixjax.engine.engine import GenerateOutput, runner_config_for
 from radixjax.engine.request import Req
 from radixjax.engine.scheduler import Scheduler
 from radixjax.loaders import load_model
+from radixjax.model.attention import BatchShape
 from radixjax.runtime.batch import HostBatch
 from radixjax.runtime.compile_cache import enable_persistent_cache
-from radixjax.runtime.model_runner import RunnerConfig, StepKey, StepOptions
+from radixjax.runtime.model_runner import StepOptions
 from radixjax.sampling.params import SamplingArrays
 from radixjax.sampling.sampler import SampleOutput
 
@@ -55,51 +54,21 @@ class Model(NamedTuple):
 
 class NullRunner:
     """Stands in for ModelRunner with what the Scheduler touches (`buckets`, `step`):
-    no device work; every sampled token is 1. Records each step's compile key."""
+    no device work; every sampled token is 1. Records each step's shape."""
 
     def __init__(self, cfg: EngineConfig) -> None:
-        self.buckets = runner_config(cfg).buckets
-        self.keys: set[StepKey] = set()
+        self.buckets = runner_config_for(cfg).buckets
+        self.shapes: set[BatchShape] = set()
 
     def step(self, batch: HostBatch, sp: SamplingArrays, opts: StepOptions,
              token_mask: np.ndarray | None = None) -> SampleOutput:
-        self.keys.add(StepKey(batch.shape, opts))
+        self.shapes.add(batch.shape)
         return SampleOutput(np.ones(batch.shape.num_reqs, np.int32), None, None, None)
-
-
-def runner_config(c: EngineConfig) -> RunnerConfig:
-    """The RunnerConfig Engine builds for `c` (engine.py); the buckets must match."""
-    return RunnerConfig(
-        num_slots=c.num_slots, num_token_rows=c.max_running + 1,
-        max_batch_tokens=max(c.max_prefill_tokens + (c.max_running if c.enable_mixed else 0),
-                             c.max_running),
-        max_running=c.max_running, max_context=c.max_context,
-        attention_backend=c.attention_backend, kv_dtype=c.dtype,
-    )
 
 
 def make_reqs(prompts: Prompts, sp: SamplingParams) -> list[Req]:
     return [Req(rid=f"r{i}", prompt_ids=list(p), sampling=sp, seed=i)
             for i, p in enumerate(prompts)]
-
-
-def dry_run(cfg: EngineConfig, prompts: Prompts, sp: SamplingParams) -> NullRunner:
-    """Schedule the whole workload on the null runner (all requests arrive at once, as
-    in Engine.generate); the runner then holds every step key it would compile."""
-    runner = NullRunner(cfg)
-    sched = Scheduler(runner, cfg, eos_token_ids=())  # type: ignore[arg-type]
-    for r in make_reqs(prompts, sp):
-        sched.add_request(r)
-
-    async def drive() -> None:
-        while sched.has_work:
-            await sched.run_once()
-
-    asyncio.run(drive())
-    return runner
-
-
-# -- real runs ----------------------------------------------------------------------------
 
 
 class Run(NamedTuple):
@@ -122,11 +91,8 @@ class Run(NamedTuple):
 
 
 def run(model: Model, prompts: Prompts, sp: SamplingParams, **options: Any) -> Run:
-    cfg = EngineConfig(**options)
-    keys = sorted(dry_run(cfg, prompts, sp).keys,
-                  key=lambda k: (k.shape.num_tokens, k.shape.num_reqs, k.shape.max_kv))
     with Engine(params=model.params, model_config=model.cfg, **options) as eng:
-        eng.runner.warmup(keys, progress=False)
+        eng.runner.warmup(progress=False)  # every step program: nothing compiles later
         t = time.perf_counter()
         outs = eng.generate(prompts, sp)
         wall = time.perf_counter() - t
@@ -134,7 +100,7 @@ def run(model: Model, prompts: Prompts, sp: SamplingParams, **options: Any) -> R
         eng.check_integrity()
     if stats["num_late_compiles"]:
         print(f"  warning: {stats['num_late_compiles']:.0f} step(s) compiled inside the "
-              "timing (the dry run missed a shape)")
+              "timing (a bucket bug)")
     return Run(wall, outs, stats)
 
 

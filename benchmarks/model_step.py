@@ -37,10 +37,15 @@ def read_bandwidth(num_bytes: int = 1 << 29, reps: int = 5) -> float:
 
 
 def time_steps(runner: ModelRunner, reqs: list[RequestSlice], steps: int) -> float:
+    """Median seconds per step of the same batch. The first (untimed) call compiles and
+    uploads the requests' req_to_token rows; the timed ones reuse them, as a scheduler's
+    decode steps do."""
+    reqs = [r._replace(row=i, sync_row=True) for i, r in enumerate(reqs)]
     batch = build_batch(reqs, runner.buckets)
     sp = SamplingArrays.build([SamplingParams(temperature=0)] * len(reqs),
                               [0] * len(reqs), batch.shape.num_reqs)
     runner.step(batch, sp, StepOptions()).tokens.block_until_ready()  # compile
+    batch = build_batch([r._replace(sync_row=False) for r in reqs], runner.buckets)
     times = []
     for _ in range(steps):
         t = time.perf_counter()

@@ -73,7 +73,7 @@ def bench(cfg: ModelConfig, tp: int, ep: int, args: argparse.Namespace) -> dict:
     layout = None if tp == ep == 1 else Layout(make_mesh(MeshConfig(tp=tp, ep=ep)))
     params = init_params(cfg, jax.random.key(0), args.dtype)
     runner = ModelRunner(cfg, params, RunnerConfig(
-        num_slots=b * ctx + t + 8, num_token_rows=b + 1, max_batch_tokens=t,
+        num_slots=b * ctx + t + 8, max_batch_tokens=t,
         max_running=b, max_context=max(ctx, t), kv_dtype=args.dtype,
         attention_backend=args.attention_backend), layout)
     del params

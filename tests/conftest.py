@@ -45,3 +45,16 @@ def smollm2():
     from radixjax.loaders import load_model
 
     return load_model(None)
+
+
+@pytest.fixture(scope="session")
+def server():
+    """One warmed real server (SmolLM2) that every server-level test shares; after all of
+    them nothing compiled late and no request holds KV."""
+    from tests.server.conftest import running_server, wait_idle
+
+    with running_server() as url:
+        yield url
+        stats = wait_idle(url)
+        assert stats["num_late_compiles"] == 0, "a step compiled after warm-up"
+        assert stats["kv_held"] == 0, "KV still held by requests"

@@ -66,13 +66,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import uvicorn
-    from tqdm.auto import tqdm
 
     from radixjax.engine.engine import Engine
     from radixjax.loaders import default_model_path
     from radixjax.server.app import ServerConfig, create_app
 
-    steps = tqdm(total=2, desc="loading model", file=sys.stderr)
+    print("radixjax: loading the model, then compiling the step programs", file=sys.stderr,
+          flush=True)
     t0 = time.perf_counter()
     engine = Engine(
         args.model, background=False, num_slots=args.num_slots, page_size=args.page_size,
@@ -81,17 +81,14 @@ def main(argv: list[str] | None = None) -> int:
         policy=args.policy, enable_cache=not args.disable_radix_cache,
         enable_overlap=not args.disable_overlap, enable_mixed=args.enable_mixed,
         dtype=args.dtype, attention_backend=args.attention_backend, tp=args.tp, ep=args.ep,
+        warmup=not args.no_warmup,  # every step program, before /health answers
     )
-    steps.update(1)
-    if not args.no_warmup:
-        engine.runner.warmup(engine.runner.default_warmup_keys(max_decode_kv=512))
-    steps.update(1)
-    steps.close()
     name = args.served_model_name or os.path.basename(
         str(args.model or default_model_path())).removesuffix(".gguf")
     app = create_app(engine, ServerConfig(name, args.api_key, args.default_max_tokens))
     print(f"radixjax: serving {name} on http://{args.host}:{args.port} "
-          f"(ready in {time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
+          f"(ready in {time.perf_counter() - t0:.0f}s, "
+          f"{engine.runner.num_programs} step programs)", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 

@@ -19,7 +19,7 @@ from pallas_kernels.blocks import choose_blocks
 from pallas_kernels.compat import lower_for_cuda
 from pallas_kernels.kv_write import write_kv_pages
 from pallas_kernels.ragged_attention import ragged_paged_attention
-from radixjax.model.attention import AttentionMetadata, BatchShape
+from radixjax.model.attention import AttentionMetadata
 from radixjax.model.config import ModelConfig
 from radixjax.model.llama import forward, init_kv_pool
 from radixjax.model.pallas_backend import pallas_attention
@@ -77,13 +77,12 @@ def test_model_forward_with_pallas_backend_lowers_for_cuda() -> None:
                       intermediate_size=256, num_layers=2, num_heads=8, num_kv_heads=2,
                       head_dim=64, qk_norm=True, sliding_windows=(None, 32))
     params = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0), jnp.bfloat16))
-    shape = BatchShape(num_tokens=32, num_reqs=4, max_q=32, max_kv=64)
     kv = jax.tree.map(lambda a: sd(a.shape, jnp.bfloat16), init_kv_pool(cfg, 256, jnp.float32))
     i32 = partial(sd, dtype=jnp.int32)
     md = AttentionMetadata(i32((32,)), i32((32,)), i32((32,)), i32((4,)), i32((4,)),
-                           i32((4,)), i32((4, 64)))
+                           i32((4,)), i32((4,)), i32((5, 512)))
     backend = partial(pallas_attention, page_size=16, interpret=False)
-    fn = partial(forward, cfg=cfg, shape=shape, backend=backend)
+    fn = partial(forward, cfg=cfg, backend=backend)
     text = _cuda_text(fn, params, kv, i32((32,)), md, donate_argnums=(1,))
     # One KV write and one attention kernel per layer (the window makes layer 2's
     # attention a different kernel; identical kernels may be shared private functions).

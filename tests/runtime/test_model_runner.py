@@ -9,9 +9,8 @@ import jax
 import numpy as np
 
 from radixjax.loaders import load_model
-from radixjax.model.attention import BatchShape
 from radixjax.runtime.batch import RequestSlice, build_batch
-from radixjax.runtime.model_runner import StepKey, StepOptions
+from radixjax.runtime.model_runner import StepOptions
 from radixjax.sampling.params import SamplingArrays, SamplingParams
 from tests.model.harness import ScatteredSlots, tiny_runner
 
@@ -34,7 +33,7 @@ def test_step_tokens_are_argmax_of_logits_and_padding_only_hits_dummy(tiny_model
     batch = build_batch(reqs, runner.buckets)
     assert batch.shape.num_tokens == 32 and batch.shape.num_reqs == 4  # real padding
     out = runner.step(batch, SamplingArrays.build(_greedy(3), [0] * 3, 4), StepOptions(
-        return_logprobs=True, num_top_logprobs=3))
+        return_logprobs=True))
     np.testing.assert_array_equal(np.asarray(out.tokens)[:3], logits[last].argmax(-1))
     np.testing.assert_array_equal(np.asarray(out.top_ids)[:3, 0], logits[last].argmax(-1))
     # Every pool row is still zero except the request's slots and the dummy slot 0.
@@ -44,20 +43,32 @@ def test_step_tokens_are_argmax_of_logits_and_padding_only_hits_dummy(tiny_model
     assert 0 in written  # the padded tokens went to the dummy slot
 
 
-def test_warmup_then_late_compiles_are_counted(tiny_model_dir) -> None:
+def test_one_program_per_token_bucket_serves_every_option_and_context(tiny_model_dir) -> None:
+    """Warm-up compiles exactly the token buckets; then sampling, logprobs, penalties, a
+    grammar mask and any context length (prefill, extend, decode) compile nothing."""
     m = load_model(tiny_model_dir("llama"), load_tokenizer=False)
-    runner = tiny_runner(m.cfg, m.params, max_batch_tokens=16, max_running=2, max_context=32)
-    keys = runner.default_warmup_keys()
-    assert StepKey(BatchShape(2, 2, 1, 32), StepOptions()) in keys
-    assert StepKey(BatchShape(16, 1, 16, 32), StepOptions()) in keys
-    runner.warmup(keys, progress=False)
-    assert runner.is_warm and runner.num_late_compiles == 0
-    req = RequestSlice(np.array([5], np.int32), np.arange(1, 20, dtype=np.int32))
-    batch = build_batch([req], runner.buckets)  # a decode at kv 19 -> bucket (1, 1, 1, 32)
-    runner.step(batch, SamplingArrays.build(_greedy(1), [0], 1), StepOptions())
-    assert runner.num_late_compiles == 0
-    runner.step(batch, SamplingArrays.build(_greedy(1), [0], 1), StepOptions(do_sample=True))
-    assert runner.num_late_compiles == 1
+    runner = tiny_runner(m.cfg, m.params, max_batch_tokens=16, max_running=2,
+                         max_context=600, num_slots=1024)
+    runner.warmup(progress=False)
+    assert runner.is_warm and runner.num_programs == len(runner.buckets.tokens) == 5
+    def sp(batch):
+        return SamplingArrays.build([SamplingParams(temperature=1.0, frequency_penalty=0.5)],
+                                    [0], batch.shape.num_reqs)
+
+    width = (m.cfg.vocab_size + 31) // 32
+    for kv in (1, 19, 300, 599):  # decodes at any depth: the shape is T = 1
+        req = RequestSlice(np.array([5], np.int32), np.arange(1, kv + 1, dtype=np.int32))
+        for opts in (StepOptions(), StepOptions(True, True, True, True)):
+            mask = np.full((1, width), -1, np.int32) if opts.use_grammar else None
+            batch = build_batch([req], runner.buckets)
+            runner.step(batch, sp(batch), opts, mask)
+    prefill = RequestSlice(np.arange(3, 19, dtype=np.int32), np.arange(1, 400, dtype=np.int32)
+                           [-16:])
+    batch = build_batch([prefill], runner.buckets)
+    runner.step(batch, sp(batch), StepOptions(do_sample=True))
+    jax.block_until_ready(runner.kv)
+    assert runner.num_late_compiles == 0 and runner.num_programs == 5
+    assert runner._step._cache_size() == 5  # jax agrees: nothing else was compiled
 
 
 def test_persistent_compile_cache_is_written() -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,10 +14,9 @@ VOCAB = 50
 ROWS = 4000
 
 
-@partial(jax.jit, static_argnames=("do_sample", "num_top"))
-def _run(logits, sp, positions, do_sample=True, num_top=0):
-    return sample(logits, sp, positions, do_sample=do_sample, num_top_logprobs=num_top,
-                  return_logprobs=True)
+@jax.jit
+def _run(logits, sp, positions, do_sample=True):
+    return sample(logits, logits, sp, positions, jnp.bool_(do_sample), jnp.bool_(True))
 
 
 def draw(probs: np.ndarray, p: SamplingParams, seeds=None, positions=None) -> np.ndarray:
@@ -87,11 +84,39 @@ def test_seed_reproduces_and_differs(probs) -> None:
 def test_logprobs_are_the_model_log_softmax(probs) -> None:
     logits = jnp.asarray(np.log(probs), jnp.float32)[None].repeat(3, 0)
     sp = SamplingArrays.build([SamplingParams(temperature=1.0)] * 3, [1, 2, 3], 3)
-    out = _run(logits, sp, jnp.zeros(3, jnp.int32), num_top=5)
+    out = _run(logits, sp, jnp.zeros(3, jnp.int32))
     lp = np.log(probs)
     np.testing.assert_allclose(np.asarray(out.logprobs), lp[np.asarray(out.tokens)], atol=1e-5)
-    np.testing.assert_array_equal(np.asarray(out.top_ids)[0], np.argsort(-probs)[:5])
-    np.testing.assert_allclose(np.asarray(out.top_logprobs)[0], np.sort(lp)[::-1][:5], atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(out.top_ids)[0], np.argsort(-probs)[:20])
+    np.testing.assert_allclose(np.asarray(out.top_logprobs)[0], np.sort(lp)[::-1][:20],
+                               atol=1e-5)
+
+
+def test_one_program_serves_greedy_and_sampled_rows(probs) -> None:
+    """do_sample is a runtime flag: greedy rows stay argmax in a sampled step, and a
+    greedy-only step (flag off) gives the same argmax."""
+    logits = jnp.asarray(np.log(probs), jnp.float32)[None].repeat(8, 0)
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0)] * 4
+    sp = SamplingArrays.build(params, list(range(8)), 8)
+    mixed = np.asarray(_run(logits, sp, jnp.zeros(8, jnp.int32), True).tokens)
+    programs = _run._cache_size()
+    off = np.asarray(_run(logits, sp, jnp.zeros(8, jnp.int32), False).tokens)
+    assert (mixed[::2] == np.argmax(probs)).all() and (off == np.argmax(probs)).all()
+    assert _run._cache_size() == programs  # the flag did not make a second program
+
+
+def test_logprobs_come_from_the_unmasked_logits(probs) -> None:
+    """Sampling draws from the (grammar-masked) logits, logprobs describe the model's
+    logits: finite even for a token the mask would have removed."""
+    model = jnp.asarray(np.log(probs), jnp.float32)[None]
+    best = int(np.argmax(probs))
+    masked = jnp.full_like(model, -jnp.inf).at[0, best].set(0.0)
+    sp = SamplingArrays.build([SamplingParams(temperature=1.0)], [0], 1)
+    out = jax.jit(sample)(masked, model, sp, jnp.zeros(1, jnp.int32), jnp.bool_(True),
+                          jnp.bool_(True))
+    assert int(out.tokens[0]) == best
+    assert np.isfinite(np.asarray(out.top_logprobs)).all()
+    np.testing.assert_allclose(float(out.logprobs[0]), np.log(probs[best]), atol=1e-5)
 
 
 @pytest.mark.parametrize("kwargs", [

@@ -10,9 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
-import pytest
 
-SERVER_ARGS = ["--no-warmup", "--num-slots", "4096", "--max-running", "8",
+SERVER_ARGS = ["--num-slots", "4096", "--max-running", "8",
                "--context-length", "512", "--max-prefill-tokens", "256", "--chunk-size", "256",
                "--default-max-tokens", "16"]
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
@@ -52,12 +51,6 @@ def running_server(extra: list[str] = ()) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-
-
-@pytest.fixture(scope="session")
-def server():
-    with running_server() as url:
-        yield url
 
 
 def wait_idle(url: str, timeout: float = 30.0) -> dict:

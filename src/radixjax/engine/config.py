@@ -35,6 +35,14 @@ class EngineConfig:
     tp: int = 1  # tensor-parallel devices (0: every visible device); docs/sharding.md
     ep: int = 1  # expert-parallel groups inside the TP group (MoE models); divides tp
 
+    @property
+    def max_step_tokens(self) -> int:
+        """The most tokens one scheduler step can carry: a prefill step's budget (plus
+        one token per running request riding along when mixed), or a decode of every
+        running request. The runner compiles one program per token bucket up to this."""
+        mixed = self.max_running if self.enable_mixed else 0
+        return max(self.max_prefill_tokens + mixed, self.max_running)
+
     def __post_init__(self) -> None:
         def check(ok: bool, msg: str) -> None:
             if not ok:

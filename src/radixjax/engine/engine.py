@@ -56,6 +56,16 @@ class StreamChunk:
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
+def runner_config_for(c: EngineConfig) -> RunnerConfig:
+    """The runner an engine config needs: token buckets up to the largest step the
+    scheduler can emit (`max_step_tokens`), so the warm-up covers every step."""
+    return RunnerConfig(
+        num_slots=c.num_slots, max_batch_tokens=c.max_step_tokens, max_running=c.max_running,
+        max_context=c.max_context, attention_backend=c.attention_backend,
+        page_size=c.page_size, kv_dtype=c.dtype,
+    )
+
+
 class Engine:
     """Serves one model with the radix cache and the overlap scheduler.
 
@@ -66,11 +76,14 @@ class Engine:
 
     def __init__(self, model: str | Path | None = None, *, params: Params | None = None,
                  model_config: ModelConfig | None = None, tokenizer: Any = None,
-                 warmup: bool = False, background: bool = True,
+                 warmup: bool = True, background: bool = True,
                  **engine_options: Any) -> None:
-        """background=True runs the scheduler on a private loop in a thread (scripts,
-        notebooks). background=False leaves it to the caller: `await start()` inside the
-        loop that should run it (the HTTP server shares uvicorn's loop this way)."""
+        """warmup=True compiles (or loads from the persistent cache) every step program
+        now, with a progress bar, so no request ever waits for a compile; False compiles
+        each on first use. background=True runs the scheduler on a private loop in a
+        thread (scripts, notebooks). background=False leaves it to the caller: `await
+        start()` inside the loop that should run it (the HTTP server shares uvicorn's loop
+        this way)."""
         self.config = EngineConfig(**engine_options)
         # One mesh per engine (None: one device); scheduler and radix tree stay one.
         self.layout = layout_for(self.config.tp, self.config.ep)
@@ -83,17 +96,10 @@ class Engine:
             loaded = load_model(model, dtype=self.config.dtype, placer_for=placer)
             params, self.model_config, self.tokenizer = loaded.params, loaded.cfg, loaded.tokenizer
         enable_persistent_cache()
-        c = self.config
-        runner_cfg = RunnerConfig(
-            num_slots=c.num_slots, num_token_rows=c.max_running + 1,
-            max_batch_tokens=max(c.max_prefill_tokens + (c.max_running if c.enable_mixed else 0),
-                                 c.max_running),
-            max_running=c.max_running, max_context=c.max_context,
-            attention_backend=c.attention_backend, page_size=c.page_size, kv_dtype=c.dtype,
-        )
-        self.runner = ModelRunner(self.model_config, params, runner_cfg, self.layout)
+        self.runner = ModelRunner(self.model_config, params, runner_config_for(self.config),
+                                  self.layout)
         if warmup:
-            self.runner.warmup(self.runner.default_warmup_keys())
+            self.runner.warmup()
         eos = tuple(self.model_config.eos_token_ids)
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             eos = tuple(sorted(set(eos) | {self.tokenizer.eos_token_id}))
@@ -353,7 +359,8 @@ class Engine:
             used = usable - s.kvm.allocator.num_free_slots - s.kvm.tree.evictable_size()
             return s.stats.snapshot(num_running=len(s.running), num_waiting=len(s.waiting),
                                     kv_usage=used / usable, kv_held=s.kvm.num_held,
-                                    num_late_compiles=self.runner.num_late_compiles)
+                                    num_late_compiles=self.runner.num_late_compiles,
+                                    num_step_programs=self.runner.num_programs)
         return self._call(snap)
 
     def check_integrity(self) -> None:

@@ -75,6 +75,7 @@ class Req:
     num_pending: int = 0
     is_aborted: bool = False
     needs_count_reset: bool = False  # set at admission: the penalty counts start over
+    row_synced: bool = False  # the device req_to_token row holds this request's slots
     grammar: Any = None  # grammar/xgr.Matcher of a constrained request (engine/constrained.py)
     stats: ReqStats = field(default_factory=ReqStats)
 

@@ -28,7 +28,7 @@ from radixjax.engine.request import Req, ReqState
 from radixjax.engine.stats import EngineStats
 from radixjax.runtime.batch import HostBatch, RequestSlice, build_batch
 from radixjax.runtime.model_runner import ModelRunner, StepOptions
-from radixjax.sampling.params import MAX_TOP_LOGPROBS, SamplingArrays
+from radixjax.sampling.params import SamplingArrays
 from radixjax.sampling.sampler import SampleOutput
 
 log = logging.getLogger(__name__)
@@ -249,6 +249,7 @@ class Scheduler:
             r.last_node = match.last_node
             r.state = ReqState.RUNNING
             r.needs_count_reset = True
+            r.row_synced = False
             if r.stats.admitted is None:
                 r.stats.admitted = self.stats.now()
                 r.stats.prompt_tokens = len(r.prompt_ids)
@@ -323,22 +324,22 @@ class Scheduler:
             # Penalty counts: outputs fed by an extend are (re)counted; a decode's input
             # was counted when it was sampled.
             count_from = len(r.prompt_ids) if i < num_extend else 1 << 30
-            slices.append(RequestSlice(tokens, r.slots[:end].astype(np.int32), r.row,
-                                       from_device and n == 1, r.needs_count_reset,
-                                       count_from, end == r.seq_len))
+            slices.append(RequestSlice(
+                tokens, r.slots[:end].astype(np.int32), r.row,
+                first_from_device=from_device and n == 1, reset_counts=r.needs_count_reset,
+                count_from=count_from, count_sampled=end == r.seq_len,
+                sync_row=not r.row_synced))
             r.needs_count_reset = False
+            r.row_synced = True
             samples.append(end == r.seq_len)
-        host = build_batch(slices, self.runner.buckets, spare_row=self.cfg.max_running)
+        host = build_batch(slices, self.runner.buckets)
         mask = None
         if any(r.grammar is not None for r in reqs):
             mask = build_token_mask(reqs, samples, host.shape.num_reqs,
                                     self.runner.cfg.vocab_size)
-        wants_logprobs = any(r.sampling.logprobs for r in reqs)
-        wants_top = wants_logprobs and any(r.sampling.top_logprobs for r in reqs)
-        opts = StepOptions(  # few distinct values: each is a compiled program
+        opts = StepOptions(  # runtime flags of the shape's one program
             do_sample=any(not r.sampling.is_greedy for r in reqs),
-            return_logprobs=wants_logprobs,
-            num_top_logprobs=MAX_TOP_LOGPROBS if wants_top else 0,
+            return_logprobs=any(r.sampling.logprobs for r in reqs),
             use_penalties=any(r.sampling.has_penalties for r in reqs),
             use_grammar=mask is not None,
         )
@@ -355,15 +356,18 @@ class Scheduler:
                 # The prefill is complete: share it now (n > 1 samples, in-batch prefix
                 # caching), not only when the request finishes. Steps run in dispatch
                 # order, so a later step reading these slots sees them written.
-                r.slots, r.last_node, r.num_cached = self.kvm.cache_unfinished(
+                slots, r.last_node, r.num_cached = self.kvm.cache_unfinished(
                     r.all_ids[: r.num_computed], r.slots, r.last_node, r.num_cached,
                     r.namespace,
                 )
+                if not np.array_equal(slots[: r.num_computed], r.slots[: r.num_computed]):
+                    r.row_synced = False  # the tree's slots replaced duplicates: re-upload
+                r.slots = slots
 
     # -- results ----------------------------------------------------------------------------
 
     async def _process(self, flight: InFlight) -> None:
-        arrays = await asyncio.to_thread(_fetch, flight.out)
+        arrays = await asyncio.to_thread(_fetch, flight.out, flight.batch.opts.return_logprobs)
         self._process_host(flight, arrays)
 
     def _process_host(self, flight: InFlight, arrays: tuple) -> None:
@@ -440,8 +444,11 @@ class Scheduler:
         assert self.rows.num_free == self.cfg.max_running - len(self.running)
 
 
-def _fetch(out: SampleOutput) -> tuple:
-    return tuple(None if x is None else np.asarray(x) for x in out)
+def _fetch(out: SampleOutput, with_logprobs: bool) -> tuple:
+    """The step's results on the host (logprob arrays only when some request asked)."""
+    if not with_logprobs:
+        return np.asarray(out.tokens), None, None, None
+    return tuple(np.asarray(x) for x in out)
 
 
 def _sampling(batch: ScheduledBatch) -> SamplingArrays:

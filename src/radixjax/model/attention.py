@@ -1,5 +1,4 @@
-"""Ragged paged attention: metadata, the backend interface, and the gather-based "native"
-backend for CPU.
+"""Ragged paged attention: metadata, the backend interface, and backend selection.
 
 A step packs the new tokens of B requests along one axis of T tokens:
 
@@ -7,10 +6,15 @@ A step packs the new tokens of B requests along one axis of T tokens:
              q_start[0]    q_start[1]  q_start[2]          T
 
 Request b owns positions 0 .. kv_len[b]-1; the last q_len[b] of them are new in this
-step (positions kv_len-q_len .. kv_len-1). kv_slots[b, j] is the KV-pool slot holding
-position j (a row of the host req_to_token table), so slots may be scattered anywhere in
-the pool. Padded tokens write to slot 0, the reserved dummy; padded requests have
-q_len = kv_len = 0.
+step (positions kv_len-q_len .. kv_len-1). The slot holding position j of request b is
+`req_to_token[req_row[b], j]`: a device table with one row per running request, kept on
+the device across steps (the step writes its new tokens' slots into it; the host uploads
+a row only when a request is admitted or its slots are replaced). Slots may be scattered
+anywhere in the pool. Padded tokens write to slot 0, the reserved dummy; padded requests
+have q_len = kv_len = 0.
+
+The compiled shape holds T and B only: no backend's program depends on the context length
+(each reads a request's keys in blocks up to its own kv_len).
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ from functools import partial
 from typing import NamedTuple, Protocol
 
 import jax
-import jax.numpy as jnp
 
 MASK_VALUE = -1e30  # finite, so fully masked (padded) rows give a harmless uniform softmax
+TABLE_ALIGN = 512  # req_to_token rows are a multiple of this wide (every backend's key block)
 
 
 class AttentionMetadata(NamedTuple):
@@ -32,7 +36,8 @@ class AttentionMetadata(NamedTuple):
     q_start: jax.Array  # [B] int32, first token of each request in the packed axis
     q_len: jax.Array  # [B] int32, new tokens of each request (0 = padded request)
     kv_len: jax.Array  # [B] int32, keys after this step (cached prefix + new)
-    kv_slots: jax.Array  # [B, K] int32, slot of position j of request b (padding: 0)
+    req_row: jax.Array  # [B] int32, the request's row of req_to_token (padding: spare row)
+    req_to_token: jax.Array  # [R, C] int32 device table, C a multiple of TABLE_ALIGN
 
 
 @dataclass(frozen=True)
@@ -41,8 +46,6 @@ class BatchShape:
 
     num_tokens: int  # T
     num_reqs: int  # B
-    max_q: int  # Q >= max(q_len)
-    max_kv: int  # K >= max(kv_len)
 
 
 class AttentionBackend(Protocol):
@@ -62,7 +65,6 @@ class AttentionBackend(Protocol):
         k_pool: jax.Array,  # [S, Hkv, Dh]
         v_pool: jax.Array,  # [S, Hkv, Dh]
         md: AttentionMetadata,
-        shape: BatchShape,
         window: int | None,
         scale: float,
     ) -> tuple[jax.Array, jax.Array, jax.Array]: ...
@@ -75,55 +77,6 @@ def write_kv(
     k_pool = k_pool.at[slots].set(k_new.astype(k_pool.dtype))
     v_pool = v_pool.at[slots].set(v_new.astype(v_pool.dtype))
     return k_pool, v_pool
-
-
-def native_attention(
-    q: jax.Array,
-    k_new: jax.Array,
-    v_new: jax.Array,
-    k_pool: jax.Array,
-    v_pool: jax.Array,
-    md: AttentionMetadata,
-    shape: BatchShape,
-    window: int | None,
-    scale: float,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Gather-based reference backend: per request, a dense [Q, K] masked softmax."""
-    k_pool, v_pool = write_kv(k_pool, v_pool, k_new, v_new, md.out_slots)
-    num_tokens, num_q_heads, head_dim = q.shape
-    num_kv_heads = k_pool.shape[1]
-    group = num_q_heads // num_kv_heads
-    b, qmax, kmax = shape.num_reqs, shape.max_q, shape.max_kv
-
-    qi = jnp.arange(qmax, dtype=jnp.int32)
-    q_idx = jnp.clip(md.q_start[:, None] + qi[None, :], 0, num_tokens - 1)  # [B, Q]
-    q_pos = (md.kv_len - md.q_len)[:, None] + qi[None, :]  # [B, Q]
-    qb = q[q_idx].reshape(b, qmax, num_kv_heads, group, head_dim)
-    k = k_pool[md.kv_slots].astype(jnp.float32)  # [B, K, Hkv, Dh]
-    v = v_pool[md.kv_slots].astype(jnp.float32)
-
-    k_pos = jnp.arange(kmax, dtype=jnp.int32)[None, None, :]
-    mask = (k_pos <= q_pos[:, :, None]) & (k_pos < md.kv_len[:, None, None])  # [B, Q, K]
-    if window is not None:
-        mask &= k_pos > q_pos[:, :, None] - window
-    if qmax == 1 and b > 1:
-        # Decode, B > 1: a broadcast multiply-reduce ran ~2.5x faster than the batched
-        # einsum on the CPU backend (tiny per-request matmuls); same math. At B = 1 it
-        # compiled to something 13x slower, so B = 1 keeps the einsum (measured).
-        s = jnp.sum(qb[:, 0, None] * k[:, :, :, None, :], axis=-1) * scale  # [B, K, Hkv, G]
-        s = jnp.where(mask[:, 0, :, None, None], s, MASK_VALUE)
-        p = jax.nn.softmax(s, axis=1)
-        o = jnp.sum(p[..., None] * v[:, :, :, None, :], axis=1)  # [B, Hkv, G, Dh]
-        o = o.reshape(b, 1, num_q_heads, head_dim)
-    else:
-        s = jnp.einsum("bqhgd,bkhd->bhgqk", qb, k) * scale  # [B, Hkv, G, Q, K]
-        s = jnp.where(mask[:, None, None], s, MASK_VALUE)
-        p = jax.nn.softmax(s, axis=-1)
-        o = jnp.einsum("bhgqk,bkhd->bqhgd", p, v).reshape(b, qmax, num_q_heads, head_dim)
-
-    t_off = jnp.arange(num_tokens, dtype=jnp.int32) - md.q_start[md.token_req]  # [T]
-    out = o[md.token_req, jnp.clip(t_off, 0, qmax - 1)]  # [T, Hq, Dh]
-    return out, k_pool, v_pool
 
 
 BACKEND_NAMES = ("auto", "native", "pallas")  # auto: pallas on a GPU, native elsewhere
@@ -143,6 +96,8 @@ def get_backend(name: str, page_size: int = 1) -> AttentionBackend:
     valid; only the pallas backend uses it)."""
     name = resolve_backend_name(name)
     if name == "native":
+        from radixjax.model.native_attention import native_attention
+
         return native_attention
     from radixjax.model.pallas_backend import pallas_attention  # Pallas only when asked
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from radixjax.model.attention import AttentionBackend, AttentionMetadata, BatchShape
+from radixjax.model.attention import AttentionBackend, AttentionMetadata
 from radixjax.model.config import ModelConfig
 from radixjax.model.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
 from radixjax.model.moe import moe_block
@@ -40,8 +40,8 @@ def kv_pool_bytes(cfg: ModelConfig, num_slots: int, dtype: jnp.dtype) -> int:
 
 def _attention_block(
     lp: Params, x: jax.Array, kv: tuple[jax.Array, jax.Array], md: AttentionMetadata,
-    cos: jax.Array, sin: jax.Array, cfg: ModelConfig, shape: BatchShape,
-    backend: AttentionBackend, window: int | None,
+    cos: jax.Array, sin: jax.Array, cfg: ModelConfig, backend: AttentionBackend,
+    window: int | None,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     t = x.shape[0]
     h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
@@ -52,9 +52,7 @@ def _attention_block(
         q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
         k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    o, k_pool, v_pool = backend(
-        q, k, v, kv[0], kv[1], md, shape, window, cfg.head_dim**-0.5
-    )
+    o, k_pool, v_pool = backend(q, k, v, kv[0], kv[1], md, window, cfg.head_dim**-0.5)
     return linear(o.reshape(t, cfg.q_size), lp["wo"], lp.get("bo")), (k_pool, v_pool)
 
 
@@ -110,7 +108,6 @@ def forward(
     md: AttentionMetadata,
     *,
     cfg: ModelConfig,
-    shape: BatchShape,
     backend: AttentionBackend,
     all_logits: bool = False,
     layout: Layout | None = None,
@@ -127,7 +124,7 @@ def forward(
     new_kv: KVPool = []
     for i, lp in enumerate(params["layers"]):
         attn, layer_kv = _attention_block(
-            lp, x, kv[i], md, cos, sin, cfg, shape, backend, cfg.sliding_windows[i]
+            lp, x, kv[i], md, cos, sin, cfg, backend, cfg.sliding_windows[i]
         )
         new_kv.append(layer_kv)
         x = replicate(x + attn)

@@ -2,9 +2,9 @@
 `pallas_kernels/` underneath (KV write, then ragged paged attention).
 
 With page size P the allocator hands out whole pages, so a request's slots are
-page-aligned and its page table is every P-th slot divided by P:
+page-aligned and its page table is every P-th slot of its req_to_token row divided by P:
 
-    kv_slots[b] = [p0*P, p0*P+1, .., p0*P+P-1, p1*P, ..]  ->  page_table[b] = [p0, p1, ..]
+    req_to_token[row] = [p0*P, p0*P+1, .., p0*P+P-1, p1*P, ..]  ->  pages = [p0, p1, ..]
 
 and the per-layer pool [S, Hkv, Dh] is viewed (free reshape) as [S/P, P, Hkv, Dh].
 P = 1 is always valid (every slot its own page), whatever the allocator's page size.
@@ -19,12 +19,17 @@ import jax.numpy as jnp
 from pallas_kernels.blocks import choose_blocks
 from pallas_kernels.kv_write import write_kv_pages
 from pallas_kernels.ragged_attention import ragged_paged_attention
-from radixjax.model.attention import AttentionMetadata, BatchShape
+from radixjax.model.attention import AttentionMetadata
 
 
 def page_table_from_slots(kv_slots: jax.Array, page_size: int) -> jax.Array:
     """[B, K] page-aligned slots -> [B, ceil(K / P)] page ids (padding: the dummy page 0)."""
     return kv_slots[:, ::page_size] // page_size
+
+
+def page_table(md: AttentionMetadata, page_size: int) -> jax.Array:
+    """[B, C / P] page ids of each request's req_to_token row (C: the table width)."""
+    return page_table_from_slots(md.req_to_token[md.req_row], page_size)
 
 
 def cu_q_lens_from(md: AttentionMetadata) -> jax.Array:
@@ -39,7 +44,6 @@ def pallas_attention(
     k_pool: jax.Array,  # [S, Hkv, Dh], donated by the caller
     v_pool: jax.Array,  # [S, Hkv, Dh]
     md: AttentionMetadata,
-    shape: BatchShape,
     window: int | None,
     scale: float,
     *,
@@ -57,10 +61,14 @@ def pallas_attention(
         k_pool.reshape(paged), v_pool.reshape(paged), k_new, v_new, md.out_slots,
         interpret=interpret,
     )
-    blocks = choose_blocks(shape.num_reqs, num_kv_heads, shape.max_q, shape.max_kv)
+    # Static bounds from the step's shape only (T tokens, the table's width): the kernel
+    # skips tiles past each request's q_len and key blocks past its kv_len.
+    num_tokens = q.shape[0]
+    blocks = choose_blocks(md.q_len.shape[0], num_kv_heads, num_tokens,
+                           md.req_to_token.shape[1])
     out = ragged_paged_attention(
-        q, k_pages, v_pages, page_table_from_slots(md.kv_slots, page_size),
-        cu_q_lens_from(md), md.kv_len, scale=scale, max_q=shape.max_q, window=window,
+        q, k_pages, v_pages, page_table(md, page_size),
+        cu_q_lens_from(md), md.kv_len, scale=scale, max_q=num_tokens, window=window,
         soft_cap=soft_cap, blocks=blocks, interpret=interpret,
     )
     return out, k_pages.reshape(k_pool.shape), v_pages.reshape(v_pool.shape)

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from radixjax.model.attention import AttentionBackend, AttentionMetadata, BatchShape
+from radixjax.model.attention import AttentionBackend, AttentionMetadata
 from radixjax.parallel.rules import Layout
 
 
@@ -22,10 +22,9 @@ def sharded_attention(backend: AttentionBackend, layout: Layout) -> AttentionBac
     heads = P(None, axes or None, None)  # [T or S, H, Dh] split over H
 
     def call(q: jax.Array, k_new: jax.Array, v_new: jax.Array, k_pool: jax.Array,
-             v_pool: jax.Array, md: AttentionMetadata, shape: BatchShape,
-             window: int | None, scale: float) -> tuple[jax.Array, jax.Array, jax.Array]:
-        local = partial(_local_attention, backend=backend, shape=shape, window=window,
-                        scale=scale)
+             v_pool: jax.Array, md: AttentionMetadata, window: int | None,
+             scale: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+        local = partial(_local_attention, backend=backend, window=window, scale=scale)
         fn = jax.shard_map(local, mesh=layout.mesh, in_specs=(heads,) * 5 + (P(),),
                            out_specs=(heads, heads, heads), check_vma=False)
         return fn(q, k_new, v_new, k_pool, v_pool, md)
@@ -33,8 +32,8 @@ def sharded_attention(backend: AttentionBackend, layout: Layout) -> AttentionBac
     return call
 
 
-def _local_attention(q, k_new, v_new, k_pool, v_pool, md, *, backend, shape, window, scale):
-    return backend(q, k_new, v_new, k_pool, v_pool, md, shape, window, scale)
+def _local_attention(q, k_new, v_new, k_pool, v_pool, md, *, backend, window, scale):
+    return backend(q, k_new, v_new, k_pool, v_pool, md, window, scale)
 
 
 def vocab_parallel_embed(table: jax.Array, ids: jax.Array, layout: Layout) -> jax.Array:

@@ -36,26 +36,29 @@ def pick_bucket(n: int, buckets: tuple[int, ...], what: str) -> int:
 
 @dataclass(frozen=True)
 class Buckets:
+    """Token-count buckets; the request bucket of a step follows from its token bucket
+    (a step of T tokens has at most T requests), so T alone names a compiled program."""
+
     tokens: tuple[int, ...]  # T
-    reqs: tuple[int, ...]  # B
-    kv: tuple[int, ...]  # K
+    max_reqs: int  # B never exceeds this (the engine's max running requests)
 
     @staticmethod
-    def default(max_tokens: int, max_reqs: int, max_context: int) -> Buckets:
-        return Buckets(
-            tokens=pow2_buckets(1, max_tokens),
-            reqs=pow2_buckets(1, max_reqs),
-            kv=pow2_buckets(min(128, max_context), max_context),
-        )
+    def default(max_tokens: int, max_reqs: int) -> Buckets:
+        return Buckets(tokens=pow2_buckets(1, max_tokens), max_reqs=max_reqs)
 
-    def shape_for(self, num_tokens: int, num_reqs: int, max_q: int, max_kv: int) -> BatchShape:
-        t = pick_bucket(num_tokens, self.tokens, "tokens")
-        return BatchShape(
-            num_tokens=t,
-            num_reqs=pick_bucket(num_reqs, self.reqs, "requests"),
-            max_q=min(pick_bucket(max_q, self.tokens, "q_len"), t),
-            max_kv=pick_bucket(max_kv, self.kv, "kv_len"),
-        )
+    def shape_of(self, num_tokens: int) -> BatchShape:
+        """The shape of the program for a token bucket."""
+        return BatchShape(num_tokens=num_tokens, num_reqs=min(num_tokens, self.max_reqs))
+
+    @property
+    def shapes(self) -> list[BatchShape]:
+        """Every shape a step can have: the whole set of compiled step programs."""
+        return [self.shape_of(t) for t in self.tokens]
+
+    def shape_for(self, num_tokens: int, num_reqs: int) -> BatchShape:
+        if num_reqs > self.max_reqs:
+            raise BucketError(f"requests={num_reqs} exceeds the largest bucket {self.max_reqs}")
+        return self.shape_of(pick_bucket(num_tokens, self.tokens, "tokens"))
 
 
 class RequestSlice(NamedTuple):
@@ -64,13 +67,16 @@ class RequestSlice(NamedTuple):
     new_tokens: np.ndarray  # [q_len] int32, tokens at positions kv_len-q_len .. kv_len-1
     kv_slots: np.ndarray  # [kv_len] int32, slot of every position 0..kv_len-1 (a
     # req_to_token row); the last q_len entries are where the new tokens' K/V go
-    row: int = 0  # the request's row in the device token buffer (its req_to_token row)
+    row: int | None = None  # the request's row of the device req_to_token table and
+    # token buffer; None (tests, one-off steps): rows 0, 1, .. in order, always synced
     first_from_device: bool = False  # new_tokens[0] is a placeholder: take the token the
     # previous step sampled for this row (the overlap scheduler's future map)
     # Output-token counts for frequency/presence penalties (runtime/penalties.py):
     reset_counts: bool = False  # zero the row's counts first (a new admission)
     count_from: int = 1 << 30  # fed tokens at positions >= this are added to the counts
     count_sampled: bool = False  # the sampled token is a real output: count it
+    sync_row: bool = True  # upload kv_slots as the device row first; False: the device
+    # row already holds positions 0 .. kv_len-q_len-1 (the step writes the new ones)
 
 
 class TokenSource(NamedTuple):
@@ -82,7 +88,7 @@ class TokenSource(NamedTuple):
     step's tokens reach the host."""
 
     use_last: np.ndarray  # [T] bool
-    token_row: np.ndarray  # [T] int32
+    token_row: np.ndarray  # [T] int32 (padding tokens: the spare row)
     req_row: np.ndarray  # [B] int32 (padded requests: the spare last row)
     count_input: np.ndarray  # [T] bool, add this fed token to its request's counts
     reset_row: np.ndarray  # [B] bool
@@ -91,16 +97,17 @@ class TokenSource(NamedTuple):
 
 class HostBatch(NamedTuple):
     input_ids: np.ndarray  # [T] int32
-    md: AttentionMetadata  # fields as numpy arrays
+    md: AttentionMetadata  # fields as numpy arrays; req_to_token is None (device-side)
     shape: BatchShape
     num_reqs: int  # real (unpadded) requests
-    src: TokenSource | None = None
+    src: TokenSource
+    row_syncs: tuple[tuple[int, np.ndarray], ...] = ()  # (row, slots) to upload first
 
 
-def build_batch(
-    reqs: list[RequestSlice], buckets: Buckets, spare_row: int = 0
-) -> HostBatch:
-    """Pack and pad; `spare_row` is the token-buffer row padded requests write to."""
+def build_batch(reqs: list[RequestSlice], buckets: Buckets) -> HostBatch:
+    """Pack and pad. Request rows are 0 .. max_reqs-1; row max_reqs is the spare row that
+    padded requests and tokens point at (the runner's tables have max_reqs + 1 rows)."""
+    spare_row = buckets.max_reqs
     if not reqs:
         raise ValueError("a step needs at least one request")
     q_lens = [len(r.new_tokens) for r in reqs]
@@ -108,7 +115,12 @@ def build_batch(
     for q, k in zip(q_lens, kv_lens, strict=True):
         if q < 1 or k < q:
             raise ValueError(f"bad request slice: q_len={q}, kv_len={k}")
-    shape = buckets.shape_for(sum(q_lens), len(reqs), max(q_lens), max(kv_lens))
+    if all(r.row is None for r in reqs):
+        reqs = [r._replace(row=i, sync_row=True) for i, r in enumerate(reqs)]
+    rows = [r.row for r in reqs]
+    if None in rows or len(set(rows)) != len(rows) or not all(0 <= r < spare_row for r in rows):
+        raise ValueError(f"request rows must be distinct and in [0, {spare_row}): {rows}")
+    shape = buckets.shape_for(sum(q_lens), len(reqs))
     t, b = shape.num_tokens, shape.num_reqs
 
     input_ids = np.zeros(t, np.int32)
@@ -118,13 +130,13 @@ def build_batch(
     q_start = np.zeros(b, np.int32)
     q_len = np.zeros(b, np.int32)
     kv_len = np.zeros(b, np.int32)
-    kv_slots = np.full((b, shape.max_kv), DUMMY_SLOT, np.int32)
     use_last = np.zeros(t, bool)
-    token_row = np.zeros(t, np.int32)
+    token_row = np.full(t, spare_row, np.int32)
     req_row = np.full(b, spare_row, np.int32)
     count_input = np.zeros(t, bool)
     reset_row = np.zeros(b, bool)
     count_sampled = np.zeros(b, bool)
+    syncs = []
     start = 0
     for i, (r, q, k) in enumerate(zip(reqs, q_lens, kv_lens, strict=True)):
         end = start + q
@@ -133,7 +145,8 @@ def build_batch(
         out_slots[start:end] = r.kv_slots[k - q :]
         token_req[start:end] = i
         q_start[i], q_len[i], kv_len[i] = start, q, k
-        kv_slots[i, :k] = r.kv_slots
+        if r.sync_row and k > q:
+            syncs.append((r.row, np.asarray(r.kv_slots[: k - q], np.int32)))
         use_last[start] = r.first_from_device
         token_row[start:end] = r.row
         req_row[i] = r.row
@@ -142,6 +155,7 @@ def build_batch(
         count_sampled[i] = r.count_sampled
         start = end
     q_start[len(reqs) :] = start  # padded requests: empty range at the end
-    md = AttentionMetadata(positions, out_slots, token_req, q_start, q_len, kv_len, kv_slots)
+    md = AttentionMetadata(positions, out_slots, token_req, q_start, q_len, kv_len, req_row,
+                           None)
     src = TokenSource(use_last, token_row, req_row, count_input, reset_row, count_sampled)
-    return HostBatch(input_ids, md, shape, len(reqs), src)
+    return HostBatch(input_ids, md, shape, len(reqs), src, tuple(syncs))

@@ -1,7 +1,8 @@
-"""ModelRunner: owns the params and the device KV pool, and runs one jitted, donated step
-per batch. Steps are dispatched asynchronously: `step` returns device arrays at once.
-With a `Layout` the params and pool are sharded over its mesh and every step input is
-replicated on it (one controller: the host side is the same for any layout)."""
+"""ModelRunner: owns the params, the device KV pool and req_to_token table, and runs one
+jitted, donated step per batch. Steps are dispatched asynchronously: `step` returns
+device arrays at once. With a `Layout` the params and pool are sharded over its mesh
+and every step input is replicated on it (one controller: the host side is the same for
+any layout)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from tqdm.auto import tqdm
 
 from radixjax.model.attention import (
+    TABLE_ALIGN,
     AttentionMetadata,
     BatchShape,
     get_backend,
@@ -28,10 +30,10 @@ from radixjax.model.params import Params
 from radixjax.parallel.rules import Layout
 from radixjax.parallel.shard_params import kv_sharding, shard_params, sharded_config
 from radixjax.runtime.batch import DUMMY_SLOT, Buckets, HostBatch, TokenSource
-from radixjax.runtime.penalties import apply_penalties, gather_counts, store_counts
+from radixjax.runtime.penalties import apply_penalties, count_sampled, gather_counts
 from radixjax.sampling.bitmask import apply_token_bitmask, bitmask_width
-from radixjax.sampling.params import MAX_TOP_LOGPROBS, SamplingArrays
-from radixjax.sampling.sampler import SampleOutput, sample
+from radixjax.sampling.params import SamplingArrays
+from radixjax.sampling.sampler import SampleOutput, StepFlags, sample
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +43,9 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 @dataclass(frozen=True)
 class RunnerConfig:
     num_slots: int = 16384  # KV pool rows, including the dummy slot 0
-    num_token_rows: int = 65  # device token buffer rows (>= max running requests + 1)
     max_batch_tokens: int = 2048  # largest T bucket (chunked prefill keeps steps under it)
-    max_running: int = 64  # largest B bucket
-    max_context: int = 4096  # largest K bucket; also the longest request
+    max_running: int = 64  # largest B; request rows 0 .. max_running-1, then a spare row
+    max_context: int = 4096  # the longest request
     attention_backend: str = "auto"  # "native" | "pallas" | "auto" (pallas on a GPU)
     page_size: int = 1  # the allocator's page size, or 1 (valid for any allocation)
     kv_dtype: str = "float32"
@@ -60,64 +61,96 @@ class RunnerConfig:
 
     @property
     def buckets(self) -> Buckets:
-        return Buckets.default(self.max_batch_tokens, self.max_running, self.max_context)
+        return Buckets.default(self.max_batch_tokens, self.max_running)
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of the device tables (req_to_token, token buffer, counts): one per running
+        request and the spare row that padding points at."""
+        return self.max_running + 1
+
+    @property
+    def table_width(self) -> int:
+        """req_to_token columns: the context (page-rounded), a multiple of TABLE_ALIGN."""
+        need = self.max_context + self.page_size
+        return -(-need // TABLE_ALIGN) * TABLE_ALIGN
 
 
 @dataclass(frozen=True)
 class StepOptions:
-    """Static per-step choices; each distinct value is its own compiled program."""
+    """What some request of a step needs. Runtime values inside the one program of the
+    step's shape (each behind a lax.cond), never a separate program."""
 
-    do_sample: bool = False  # False: every row greedy, skip the sort
-    return_logprobs: bool = False
-    num_top_logprobs: int = 0
+    do_sample: bool = False  # some row samples (False: every row greedy, skip the sort)
+    return_logprobs: bool = False  # logprobs and the top MAX_TOP_LOGPROBS of every row
     use_penalties: bool = False  # some request has frequency/presence penalties
     use_grammar: bool = False  # some row samples under a grammar: apply the token bitmask
 
-
-class StepKey(NamedTuple):
-    shape: BatchShape
-    opts: StepOptions
+    def flags(self) -> StepFlags:
+        return StepFlags(*(np.bool_(v) for v in (self.do_sample, self.return_logprobs,
+                                                 self.use_penalties, self.use_grammar)))
 
 
 def _step(
-    params: Params, kv: KVPool, last_tokens: jax.Array, counts: jax.Array,
+    params: Params, kv: KVPool, table: jax.Array, last_tokens: jax.Array, counts: jax.Array,
     input_ids: jax.Array, src: TokenSource, md: AttentionMetadata, sp: SamplingArrays,
-    token_mask: jax.Array | None, *,
-    cfg: ModelConfig, shape: BatchShape, backend: str, page_size: int, opts: StepOptions,
-    layout: Layout | None,
-) -> tuple[SampleOutput, KVPool, jax.Array, jax.Array]:
-    """token_mask: [B, ceil(V / 32)] int32 grammar bitmask when opts.use_grammar."""
+    token_mask: jax.Array, flags: StepFlags, *,
+    cfg: ModelConfig, backend: str, page_size: int, layout: Layout | None,
+) -> tuple[SampleOutput, KVPool, jax.Array, jax.Array, jax.Array]:
+    """token_mask: [B, ceil(V / 32)] int32 grammar bitmask (all ones: unconstrained)."""
+    table, md = _write_table(table, src, md)
     input_ids = jnp.where(src.use_last, last_tokens[src.token_row], input_ids)
     logits, kv = forward(
-        params, kv, input_ids, md, cfg=cfg, shape=shape,
+        params, kv, input_ids, md, cfg=cfg,
         backend=get_backend(backend, page_size), layout=layout,
     )
-    if opts.use_penalties:
+
+    def penalize(logits: jax.Array, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
         rows = gather_counts(counts, input_ids, src, md)
-        logits = apply_penalties(logits, rows, sp)
-    if opts.use_grammar:
-        logits = apply_token_bitmask(logits, token_mask)
-    out = sample(
-        logits, sp, md.kv_len, do_sample=opts.do_sample,
-        num_top_logprobs=opts.num_top_logprobs, return_logprobs=opts.return_logprobs,
-    )
-    if opts.use_penalties:
-        counts = store_counts(counts, rows, out.tokens, src)
-    return out, kv, last_tokens.at[src.req_row].set(out.tokens), counts
+        return apply_penalties(logits, rows, sp), counts.at[src.req_row].set(rows)
+
+    logits, counts = lax.cond(flags.use_penalties, penalize, lambda lg, c: (lg, c),
+                              logits, counts)
+    masked = lax.cond(flags.use_grammar, apply_token_bitmask, lambda lg, _: lg,
+                      logits, token_mask)
+    # Logprobs describe the model's distribution before the grammar mask (finite).
+    out = sample(masked, logits, sp, md.kv_len, flags.do_sample, flags.return_logprobs)
+    counts = count_sampled(counts, out.tokens, src)
+    return out, kv, table, last_tokens.at[src.req_row].set(out.tokens), counts
+
+
+def _write_table(table: jax.Array, src: TokenSource,
+                 md: AttentionMetadata) -> tuple[jax.Array, AttentionMetadata]:
+    """The new tokens' slots into their rows of req_to_token (padding: the spare row)."""
+    table = table.at[src.token_row, md.positions].set(md.out_slots)
+    return table, md._replace(req_to_token=table)
+
+
+def _sync_row(table: jax.Array, row: jax.Array, slots: jax.Array) -> jax.Array:
+    """table [R, C], row [] int32, slots [C] int32 -> table with that row replaced."""
+    return lax.dynamic_update_slice(table, slots[None, :], (row, 0))
 
 
 def _all_logits(
-    params: Params, kv: KVPool, input_ids: jax.Array, md: AttentionMetadata, *,
-    cfg: ModelConfig, shape: BatchShape, backend: str, page_size: int, layout: Layout | None,
-) -> tuple[jax.Array, KVPool]:
-    return forward(
-        params, kv, input_ids, md, cfg=cfg, shape=shape,
+    params: Params, kv: KVPool, table: jax.Array, input_ids: jax.Array, src: TokenSource,
+    md: AttentionMetadata, *, cfg: ModelConfig, backend: str, page_size: int,
+    layout: Layout | None,
+) -> tuple[jax.Array, KVPool, jax.Array]:
+    table, md = _write_table(table, src, md)
+    logits, kv = forward(
+        params, kv, input_ids, md, cfg=cfg,
         backend=get_backend(backend, page_size), all_logits=True, layout=layout,
     )
+    return logits, kv, table
 
 
 class ModelRunner:
-    """Mutates only `self.kv` (replaced by each donated step's output).
+    """Mutates only its device state (`kv`, `req_to_token`, the token buffer, the penalty
+    counts), each replaced by the donated step's output.
+
+    One compiled program per token bucket (`buckets.shapes`): sampling, logprobs,
+    penalties and the grammar mask are runtime flags, and attention reads each request's
+    keys up to its own length, so nothing else is in a program's shape.
 
     layout: shard over its mesh (params are resharded unless already in place); None: one
     device. `self.cfg` stays the model's config; the sharded forward runs `run_cfg`
@@ -136,104 +169,113 @@ class ModelRunner:
                          else kv_sharding(layout, self.run_cfg, config.num_slots))
         self.kv: KVPool = init_kv_pool(self.run_cfg, config.num_slots,
                                        DTYPES[config.kv_dtype], pool_sharding)
-        # The future map: last sampled token per request row ([num_token_rows] int32).
-        self.last_tokens = jnp.zeros(config.num_token_rows, jnp.int32, device=self._inputs)
-        # Output-token counts per request row, for penalties ([rows, V] int32).
-        self.token_counts = jnp.zeros((config.num_token_rows, cfg.vocab_size), jnp.int32,
+        rows = config.num_rows
+        # req_to_token on the device ([rows, table_width] int32): each step writes its new
+        # tokens' slots; a row is uploaded whole only when a batch says so (row_syncs).
+        self.req_to_token = jnp.zeros((rows, config.table_width), jnp.int32,
                                       device=self._inputs)
+        # The future map: last sampled token per request row ([rows] int32).
+        self.last_tokens = jnp.zeros(rows, jnp.int32, device=self._inputs)
+        # Output-token counts per request row, for penalties ([rows, V] int32).
+        self.token_counts = jnp.zeros((rows, cfg.vocab_size), jnp.int32, device=self._inputs)
         self.attention_backend = resolve_backend_name(config.attention_backend)
         statics = dict(cfg=self.run_cfg, backend=self.attention_backend,
                        page_size=config.page_size, layout=layout)
-        self._step = jax.jit(
-            partial(_step, **statics), static_argnames=("shape", "opts"),
-            donate_argnames=("kv", "last_tokens", "counts"),
-        )
-        self._logits = jax.jit(
-            partial(_all_logits, **statics), static_argnames="shape", donate_argnames="kv"
-        )
-        self._seen: set[StepKey] = set()
+        self._step = jax.jit(partial(_step, **statics),
+                             donate_argnames=("kv", "table", "last_tokens", "counts"))
+        self._logits = jax.jit(partial(_all_logits, **statics), donate_argnames=("kv", "table"))
+        self._sync = jax.jit(_sync_row, donate_argnames="table")
+        self._no_mask: dict[int, jax.Array] = {}  # all-ones grammar mask per B, on device
+        self._seen: set[BatchShape] = set()
         self.is_warm = False
         self.num_late_compiles = 0  # compiles after warm-up: each one is a bucket bug
 
-    def _note_compile(self, key: StepKey) -> None:
-        if key in self._seen:
+    @property
+    def num_programs(self) -> int:
+        """Step programs compiled (or loaded from the persistent cache) so far."""
+        return len(self._seen)
+
+    def _note_compile(self, shape: BatchShape) -> None:
+        if shape in self._seen:
             return
-        self._seen.add(key)
+        self._seen.add(shape)
         if self.is_warm:
             self.num_late_compiles += 1
-            log.warning("compiling a step after warm-up: %s", key)
+            log.warning("compiling a step after warm-up: %s", shape)
+
+    def _sync_rows(self, batch: HostBatch) -> None:
+        width = self.config.table_width
+        for row, slots in batch.row_syncs:
+            if slots.size > width:
+                raise ValueError(f"a request of {slots.size} positions exceeds the table")
+            padded = np.zeros(width, np.int32)
+            padded[: slots.size] = slots
+            self.req_to_token = self._sync(self.req_to_token, np.int32(row),
+                                           jax.device_put(padded, self._inputs))
+
+    def _mask_for(self, batch: HostBatch, token_mask: np.ndarray | None) -> jax.Array:
+        b = batch.shape.num_reqs
+        width = bitmask_width(self.cfg.vocab_size)
+        if token_mask is None:
+            if b not in self._no_mask:
+                self._no_mask[b] = jax.device_put(np.full((b, width), -1, np.int32),
+                                                  self._inputs)
+            return self._no_mask[b]
+        if token_mask.shape != (b, width):
+            raise ValueError(f"token_mask shape {token_mask.shape} does not fit the batch")
+        return jax.device_put(token_mask, self._inputs)
 
     def step(self, batch: HostBatch, sp: SamplingArrays, opts: StepOptions,
              token_mask: np.ndarray | None = None) -> SampleOutput:
         """Dispatch one step; returns device arrays without waiting for them.
-        token_mask: [B, ceil(V / 32)] int32 grammar bitmask, required iff opts.use_grammar."""
-        if opts.num_top_logprobs > MAX_TOP_LOGPROBS:
-            raise ValueError(f"num_top_logprobs must be <= {MAX_TOP_LOGPROBS}")
+        token_mask: [B, ceil(V / 32)] int32 grammar bitmask, required iff opts.use_grammar.
+        The output's logprob fields are meaningful only when opts.return_logprobs."""
         if opts.use_grammar != (token_mask is not None):
             raise ValueError("a token_mask goes with opts.use_grammar, and only with it")
-        if opts.use_grammar and token_mask.shape != (batch.shape.num_reqs,
-                                                     bitmask_width(self.cfg.vocab_size)):
-            raise ValueError(f"token_mask shape {token_mask.shape} does not fit the batch")
-        self._note_compile(StepKey(batch.shape, opts))
-        out, self.kv, self.last_tokens, self.token_counts = self._step(
-            self.params, self.kv, self.last_tokens, self.token_counts,
-            *jax.device_put((batch.input_ids, _source(batch), batch.md, sp, token_mask),
-                            self._inputs),
-            shape=batch.shape, opts=opts,
+        if int(batch.md.kv_len.max()) > self.config.max_context:
+            raise ValueError(f"a request exceeds max_context {self.config.max_context}")
+        self._note_compile(batch.shape)
+        self._sync_rows(batch)
+        mask = self._mask_for(batch, token_mask)
+        out, self.kv, self.req_to_token, self.last_tokens, self.token_counts = self._step(
+            self.params, self.kv, self.req_to_token, self.last_tokens, self.token_counts,
+            *jax.device_put((batch.input_ids, batch.src, batch.md, sp), self._inputs),
+            mask, jax.device_put(opts.flags(), self._inputs),
         )
         return out
 
     def all_logits(self, batch: HostBatch) -> np.ndarray:
         """[real tokens, V] logits of every new token (tests and prompt logprobs)."""
-        ids, md = jax.device_put((batch.input_ids, batch.md), self._inputs)
-        logits, self.kv = self._logits(self.params, self.kv, ids, md, shape=batch.shape)
+        self._sync_rows(batch)
+        ids, src, md = jax.device_put((batch.input_ids, batch.src, batch.md), self._inputs)
+        logits, self.kv, self.req_to_token = self._logits(
+            self.params, self.kv, self.req_to_token, ids, src, md)
         num_real = int(batch.md.q_len.sum())
         return np.asarray(logits[:num_real])
 
-    def warmup(self, keys: Iterable[StepKey], progress: bool = True) -> None:
-        """Compile (or load from the persistent cache) every given step shape, running
-        each once on an all-padding batch that only touches the dummy slot."""
-        keys = list(keys)
-        for key in tqdm(keys, desc="compiling step buckets", disable=not progress):
-            self._note_compile(key)
-            batch = _padding_batch(key.shape, self.config.num_token_rows - 1)
-            sp = SamplingArrays.build([], [], key.shape.num_reqs)
-            mask = (np.full((key.shape.num_reqs, bitmask_width(self.cfg.vocab_size)), -1,
-                            np.int32) if key.opts.use_grammar else None)
-            jax.block_until_ready(self.step(batch, sp, key.opts, mask).tokens)
+    def warmup(self, shapes: Iterable[BatchShape] | None = None, progress: bool = True) -> None:
+        """Compile (or load from the persistent cache) the step program of every shape
+        (default: every bucket, the whole set a scheduler can emit), running each once on
+        an all-padding batch that only touches the dummy slot and the spare row."""
+        shapes = self.buckets.shapes if shapes is None else list(shapes)
+        for shape in tqdm(shapes, desc="compiling step programs", disable=not progress):
+            self._note_compile(shape)
+            batch = _padding_batch(shape, self.config.max_running)
+            sp = SamplingArrays.build([], [], shape.num_reqs)
+            jax.block_until_ready(self.step(batch, sp, StepOptions()).tokens)
         self.is_warm = True
-
-    def default_warmup_keys(self, max_decode_kv: int | None = None) -> list[StepKey]:
-        """Greedy decode shapes (T = B) for every B and K bucket up to `max_decode_kv`,
-        and single-request prefill shapes for every T bucket."""
-        b = self.buckets
-        kmax = max_decode_kv or b.kv[-1]
-        keys = [
-            StepKey(BatchShape(n, n, 1, k), StepOptions())
-            for n in b.reqs for k in b.kv if k <= kmax and n in b.tokens
-        ]
-        for t in b.tokens:
-            k = min(kv for kv in b.kv if kv >= t) if t <= b.kv[-1] else None
-            if k is not None:
-                keys.append(StepKey(BatchShape(t, 1, t, k), StepOptions()))
-        return sorted(set(keys), key=lambda k: (k.shape.num_tokens, k.shape.max_kv))
-
-
-def _source(batch: HostBatch) -> TokenSource:
-    if batch.src is not None:
-        return batch.src
-    t, b = batch.shape.num_tokens, batch.shape.num_reqs
-    return TokenSource(np.zeros(t, bool), np.zeros(t, np.int32), np.zeros(b, np.int32),
-                       np.zeros(t, bool), np.zeros(b, bool), np.zeros(b, bool))
+        log.info("%d step programs ready", self.num_programs)
 
 
 def _padding_batch(shape: BatchShape, spare_row: int) -> HostBatch:
     t, b = shape.num_tokens, shape.num_reqs
     z = partial(np.zeros, dtype=np.int32)
+    rows = np.full(b, spare_row, np.int32)
     md = AttentionMetadata(
         positions=z(t), out_slots=np.full(t, DUMMY_SLOT, np.int32), token_req=z(t),
-        q_start=z(b), q_len=z(b), kv_len=z(b), kv_slots=z((b, shape.max_kv)),
+        q_start=z(b), q_len=z(b), kv_len=z(b), req_row=rows, req_to_token=None,
     )
-    src = TokenSource(np.zeros(t, bool), z(t), np.full(b, spare_row, np.int32),
+    src = TokenSource(np.zeros(t, bool), np.full(t, spare_row, np.int32), rows,
                       np.zeros(t, bool), np.zeros(b, bool), np.zeros(b, bool))
-    return HostBatch(z(t), md, shape, 0, src)
+    # one row sync of the spare row, so that tiny program is compiled with the rest
+    return HostBatch(z(t), md, shape, 0, src, ((spare_row, z(1)),))

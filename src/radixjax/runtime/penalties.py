@@ -2,10 +2,11 @@
 tokens: `counts [num_token_rows, V] int32`, one row per request row (like the token
 buffer), updated inside the jitted step so no [B, V] array crosses the host link.
 
-Per step, for the batch's rows: zero rows of new admissions, add fed output tokens
-(a re-prefill after retraction re-feeds its outputs), penalize the logits, and add the
-sampled tokens that are real outputs. Only compiled into steps that carry a penalized
-request (StepOptions.use_penalties), so other steps pay nothing.
+Per step with a penalized request (a lax.cond on StepOptions.use_penalties), for the
+batch's rows: zero rows of new admissions, add fed output tokens (a re-prefill after
+retraction re-feeds its outputs), store them, and penalize the logits. Every step adds
+the sampled tokens that are real outputs ([B] scatter, cheap). Rows of requests without
+penalties may hold stale counts: a penalized request resets its row on admission.
 """
 
 from __future__ import annotations
@@ -32,8 +33,6 @@ def apply_penalties(logits: jax.Array, rows: jax.Array, sp: SamplingArrays) -> j
             - sp.presence_penalty[:, None] * (c > 0).astype(jnp.float32))
 
 
-def store_counts(counts: jax.Array, rows: jax.Array, tokens: jax.Array,
-                 src: TokenSource) -> jax.Array:
-    b = rows.shape[0]
-    rows = rows.at[jnp.arange(b), tokens].add(src.count_sampled.astype(jnp.int32))
-    return counts.at[src.req_row].set(rows)
+def count_sampled(counts: jax.Array, tokens: jax.Array, src: TokenSource) -> jax.Array:
+    """Add each request's sampled token [B] to its row when it is a real output."""
+    return counts.at[src.req_row, tokens].add(src.count_sampled.astype(jnp.int32))

@@ -9,14 +9,24 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from radixjax.sampling.params import SamplingArrays
+from radixjax.sampling.params import MAX_TOP_LOGPROBS, SamplingArrays
 
 
 class SampleOutput(NamedTuple):
     tokens: jax.Array  # [B] int32
-    logprobs: jax.Array | None  # [B] f32, log p(token) under the unscaled model distribution
-    top_ids: jax.Array | None  # [B, N] int32
-    top_logprobs: jax.Array | None  # [B, N] f32
+    logprobs: jax.Array  # [B] f32, log p(token) under the model distribution (zeros when
+    # not asked for); "model distribution": the logits before temperature and grammar mask
+    top_ids: jax.Array  # [B, MAX_TOP_LOGPROBS] int32
+    top_logprobs: jax.Array  # [B, MAX_TOP_LOGPROBS] f32
+
+
+class StepFlags(NamedTuple):
+    """[] bool runtime flags of one step (StepOptions on the host)."""
+
+    do_sample: jax.Array
+    return_logprobs: jax.Array
+    use_penalties: jax.Array
+    use_grammar: jax.Array
 
 
 def _sample_row(
@@ -43,28 +53,34 @@ def _sample_row(
 
 
 def sample(
-    logits: jax.Array,  # [B, V] f32
+    logits: jax.Array,  # [B, V] f32, what the tokens are drawn from (grammar-masked)
+    model_logits: jax.Array,  # [B, V] f32, what logprobs report (before the mask)
     sp: SamplingArrays,  # [B] arrays (as jax arrays inside jit)
     positions: jax.Array,  # [B] int32, position the sampled token will take
-    *,
-    do_sample: bool,
-    num_top_logprobs: int,
-    return_logprobs: bool,
+    do_sample: jax.Array,  # [] bool: some row has temperature > 0 (else skip the sort)
+    return_logprobs: jax.Array,  # [] bool
 ) -> SampleOutput:
-    if do_sample:
+    def draw(logits: jax.Array) -> jax.Array:
         keys = jax.vmap(lambda s, p: jax.random.fold_in(jax.random.key(s), p))(
             sp.seed, positions
         )
-        tokens = jax.vmap(_sample_row)(
-            logits, sp.temperature, sp.top_k, sp.top_p, sp.min_p, keys
-        )
-    else:
-        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    if not return_logprobs:
-        return SampleOutput(tokens, None, None, None)
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    chosen = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
-    if num_top_logprobs == 0:
-        return SampleOutput(tokens, chosen, None, None)
-    top_lp, top_ids = jax.lax.top_k(logp, num_top_logprobs)
-    return SampleOutput(tokens, chosen, top_ids.astype(jnp.int32), top_lp)
+        return jax.vmap(_sample_row)(logits, sp.temperature, sp.top_k, sp.top_p, sp.min_p,
+                                     keys)
+
+    def greedy(logits: jax.Array) -> jax.Array:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    tokens = jax.lax.cond(do_sample, draw, greedy, logits)
+    b = logits.shape[0]
+
+    def logprobs(tokens: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        logp = jax.nn.log_softmax(model_logits, axis=-1)
+        chosen = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+        top_lp, top_ids = jax.lax.top_k(logp, MAX_TOP_LOGPROBS)
+        return chosen, top_ids.astype(jnp.int32), top_lp
+
+    def none(tokens: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        return (jnp.zeros(b, jnp.float32), jnp.zeros((b, MAX_TOP_LOGPROBS), jnp.int32),
+                jnp.zeros((b, MAX_TOP_LOGPROBS), jnp.float32))
+
+    return SampleOutput(tokens, *jax.lax.cond(return_logprobs, logprobs, none, tokens))

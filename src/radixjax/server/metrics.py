@@ -33,6 +33,10 @@ class ServerMetrics:
         self.hit_rate = Gauge(p + "cache_hit_rate", "Cached / prompt tokens", registry=r)
         self.throughput = Gauge(p + "gen_throughput", "Generated tokens/s since start",
                                 registry=r)
+        self.programs = Gauge(p + "num_step_programs", "Step programs compiled", registry=r)
+        self.late_compiles = Gauge(p + "num_late_compiles",
+                                   "Step programs compiled after warm-up (should stay 0)",
+                                   registry=r)
 
     def observe_token(self, seconds: float, first: bool) -> None:
         (self.ttft if first else self.itl).observe(seconds)
@@ -49,4 +53,6 @@ class ServerMetrics:
         self.kv_usage.set(stats["kv_usage"])
         self.hit_rate.set(stats["cache_hit_rate"])
         self.throughput.set(stats["generated_tokens_per_s"])
+        self.programs.set(stats["num_step_programs"])
+        self.late_compiles.set(stats["num_late_compiles"])
         return generate_latest(self.registry)

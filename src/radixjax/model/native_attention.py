@@ -1,0 +1,162 @@
+"""The "native" attention backend (the CPU path, and the reference for the others).
+
+No compiled shape holds the context length: every request's keys are read from the pool
+in blocks of slots taken from its req_to_token row, up to its own kv_len, with an online
+softmax (running max, denominator, accumulator), so a step's cost follows the real
+context and one program serves every context length.
+
+Two paths run in every step, each over its own requests (the other's are masked out):
+
+    decode  (q_len == 1): batched over B; a loop over key blocks up to the longest such
+            request:   q [B, Hkv, G, Dh] x keys [B, BK, Hkv, Dh] per block
+    extend  (q_len > 1):  one request at a time; its tokens in query blocks of BQ, each
+            a loop over key blocks up to the block's last position (causal: blocks past
+            it are never read) and from its window's start
+
+    out[t] = decode_out[token_req[t]] if q_len[token_req[t]] == 1 else extend_out[t]
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from radixjax.model.attention import (
+    MASK_VALUE,
+    TABLE_ALIGN,
+    AttentionMetadata,
+    write_kv,
+)
+
+DECODE_BLOCK_K = 256  # keys per decode loop step (benchmarks/README.md, attention blocks)
+EXTEND_BLOCK_Q = 128  # query tokens per extend tile
+EXTEND_BLOCK_K = 256  # keys per extend loop step
+assert TABLE_ALIGN % DECODE_BLOCK_K == 0 and TABLE_ALIGN % EXTEND_BLOCK_K == 0
+
+
+def _softmax_step(carry: tuple, s: jax.Array, v: jax.Array, pv: str) -> tuple:
+    """One online-softmax step. s: scores [..., K] (masked entries = MASK_VALUE);
+    carry (m [...], denom [...], acc [..., Dh]); pv: einsum of p [..., K] with v."""
+    m, denom, acc = carry
+    m_new = jnp.maximum(m, s.max(axis=-1))
+    alpha = jnp.exp(m - m_new)
+    p = jnp.exp(s - m_new[..., None])
+    denom = denom * alpha + p.sum(axis=-1)
+    acc = acc * alpha[..., None] + jnp.einsum(pv, p, v)
+    return m_new, denom, acc
+
+
+def _init(shape: tuple[int, ...], head_dim: int) -> tuple:
+    return (jnp.full(shape, MASK_VALUE, jnp.float32), jnp.zeros(shape, jnp.float32),
+            jnp.zeros((*shape, head_dim), jnp.float32))
+
+
+def _finish(carry: tuple) -> jax.Array:
+    _, denom, acc = carry
+    return acc / jnp.maximum(denom, 1e-30)[..., None]  # 0: no key was read (unused row)
+
+
+def _decode(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, md: AttentionMetadata,
+            window: int | None, block_k: int) -> jax.Array:
+    """q [T, Hq, Dh] (scaled) -> [B, Hq, Dh]: each q_len == 1 request's one token over
+    its keys; other rows are garbage."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_pool.shape[1]
+    group = num_q_heads // num_kv_heads
+    b = md.q_len.shape[0]
+    is_decode = md.q_len == 1
+    kv_len = jnp.where(is_decode, md.kv_len, 0)  # [B]
+    qd = q[jnp.clip(md.q_start, 0, num_tokens - 1)].reshape(b, num_kv_heads, group, head_dim)
+    hi = (jnp.max(kv_len) + block_k - 1) // block_k
+    lo = 0
+    if window is not None:  # keys > pos - window, pos = kv_len - 1
+        first = jnp.where(is_decode, jnp.maximum(kv_len - window, 0), jnp.iinfo(jnp.int32).max)
+        lo = jnp.minimum(jnp.min(first) // block_k, hi)
+
+    def body(j: jax.Array, carry: tuple) -> tuple:
+        cols = j * block_k + jnp.arange(block_k, dtype=jnp.int32)  # [BK]
+        slots = md.req_to_token[md.req_row[:, None], cols[None, :]]  # [B, BK]
+        k = k_pool[slots].astype(jnp.float32)  # [B, BK, Hkv, Dh]
+        v = v_pool[slots].astype(jnp.float32)
+        s = jnp.einsum("bhgd,bkhd->bhgk", qd, k)  # [B, Hkv, G, BK]
+        valid = cols[None, :] < kv_len[:, None]  # [B, BK]
+        if window is not None:
+            valid &= cols[None, :] >= kv_len[:, None] - window
+        s = jnp.where(valid[:, None, None, :], s, MASK_VALUE)
+        return _softmax_step(carry, s, v, "bhgk,bkhd->bhgd")
+
+    carry = lax.fori_loop(lo, hi, body, _init((b, num_kv_heads, group), head_dim))
+    return _finish(carry).reshape(b, num_q_heads, head_dim)
+
+
+def _extend(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, md: AttentionMetadata,
+            window: int | None, block_q: int, block_k: int) -> jax.Array:
+    """q [T, Hq, Dh] (scaled) -> [T, Hq, Dh]: the tokens of q_len > 1 requests; other
+    rows are garbage. Requests go in packed order, so a tile's rows past its request's
+    end are overwritten by the next extend request's tiles."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_pool.shape[1]
+    group = num_q_heads // num_kv_heads
+    b = md.q_len.shape[0]
+    qp = jnp.pad(q, ((0, block_q), (0, 0), (0, 0)))  # a tile never runs off the end
+    qp = qp.reshape(num_tokens + block_q, num_kv_heads, group, head_dim)
+    is_extend = md.q_len > 1
+    (ids,) = jnp.nonzero(is_extend, size=b, fill_value=0)  # extend requests, in order
+
+    def per_request(i: jax.Array, out: jax.Array) -> jax.Array:
+        r = ids[i]
+        start, n, kv_len, row = md.q_start[r], md.q_len[r], md.kv_len[r], md.req_row[r]
+        first_pos = kv_len - n
+
+        def per_tile(qb: jax.Array, out: jax.Array) -> jax.Array:
+            off = start + qb * block_q
+            qt = lax.dynamic_slice_in_dim(qp, off, block_q)  # [BQ, Hkv, G, Dh]
+            q_pos = first_pos + qb * block_q + jnp.arange(block_q, dtype=jnp.int32)
+            end = jnp.minimum(q_pos[-1] + 1, kv_len)  # keys the tile can see: < end
+            hi = (end + block_k - 1) // block_k
+            lo = 0 if window is None else jnp.maximum(q_pos[0] - window + 1, 0) // block_k
+
+            def body(j: jax.Array, carry: tuple) -> tuple:
+                k_pos = j * block_k + jnp.arange(block_k, dtype=jnp.int32)  # [BK]
+                slots = lax.dynamic_slice(md.req_to_token, (row, j * block_k),
+                                          (1, block_k))[0]
+                k = k_pool[slots].astype(jnp.float32)  # [BK, Hkv, Dh]
+                v = v_pool[slots].astype(jnp.float32)
+                s = jnp.einsum("qhgd,khd->hgqk", qt, k)  # [Hkv, G, BQ, BK]
+                valid = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < kv_len)
+                if window is not None:
+                    valid &= k_pos[None, :] > q_pos[:, None] - window
+                s = jnp.where(valid, s, MASK_VALUE)
+                return _softmax_step(carry, s, v, "hgqk,khd->hgqd")
+
+            carry = lax.fori_loop(lo, hi, body,
+                                  _init((num_kv_heads, group, block_q), head_dim))
+            tile = _finish(carry).transpose(2, 0, 1, 3)  # [BQ, Hkv, G, Dh]
+            return lax.dynamic_update_slice_in_dim(out, tile, off, axis=0)
+
+        return lax.fori_loop(0, (n + block_q - 1) // block_q, per_tile, out)
+
+    out = jnp.zeros_like(qp)
+    out = lax.fori_loop(0, jnp.sum(is_extend), per_request, out)
+    return out[:num_tokens].reshape(num_tokens, num_q_heads, head_dim)
+
+
+def native_attention(
+    q: jax.Array,
+    k_new: jax.Array,
+    v_new: jax.Array,
+    k_pool: jax.Array,
+    v_pool: jax.Array,
+    md: AttentionMetadata,
+    window: int | None,
+    scale: float,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`AttentionBackend` contract (model/attention.py): blockwise, context-free shapes."""
+    k_pool, v_pool = write_kv(k_pool, v_pool, k_new, v_new, md.out_slots)
+    q = q * scale
+    dec = _decode(q, k_pool, v_pool, md, window, DECODE_BLOCK_K)  # [B, Hq, Dh]
+    ext = _extend(q, k_pool, v_pool, md, window, EXTEND_BLOCK_Q, EXTEND_BLOCK_K)  # [T, ..]
+    is_decode_token = (md.q_len == 1)[md.token_req]  # [T]
+    out = jnp.where(is_decode_token[:, None, None], dec[md.token_req], ext)
+    return out, k_pool, v_pool
