@@ -39,6 +39,13 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory):
 __all__ = ["FAMILIES"]
 
 
+# Every SmolLM2 engine and server in the suite uses this one runner configuration, so they
+# share one set of compiled step programs (the persistent compile cache): compiled once,
+# loaded from disk by the rest. Scheduler-only options (chunk size, overlap, policy,
+# jump-forward, retraction) may differ freely; these may not.
+SMOLLM2_ENGINE = dict(num_slots=4096, max_running=8, max_context=512, max_prefill_tokens=256)
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """The default model (SmolLM2-135M-Instruct Q4_1 GGUF), loaded once per session."""

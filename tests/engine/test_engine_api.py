@@ -29,6 +29,7 @@ def engine(tiny):
     _, m = tiny
     with Engine(params=m.params, model_config=m.cfg, **KW) as e:
         yield e
+        assert e.stats()["num_late_compiles"] == 0  # every step was a warm program
 
 
 def prompt(seed: int, n: int) -> list[int]:

@@ -9,14 +9,15 @@ import pytest
 
 import radixjax
 from radixjax import Engine, SamplingParams
+from tests.conftest import SMOLLM2_ENGINE
 
 
 @pytest.fixture(scope="module")
 def engine(smollm2):
     with Engine(params=smollm2.params, model_config=smollm2.cfg, tokenizer=smollm2.tokenizer,
-                num_slots=1024, max_running=4, max_context=256, max_prefill_tokens=128,
-                chunk_size=128) as e:
+                **SMOLLM2_ENGINE) as e:
         yield e
+        assert e.stats()["num_late_compiles"] == 0  # every step was a warm program
 
 
 def chat(tok, text: str) -> str:

@@ -9,6 +9,7 @@ import pytest
 
 from radixjax import Engine, SamplingParams
 from radixjax.loaders import load_model
+from tests.conftest import SMOLLM2_ENGINE
 from tests.engine.helpers import assert_same_or_near_tie, sequential_reference
 
 SP = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
@@ -76,9 +77,8 @@ SMOL_PATHS = {
 
 def test_smollm2_paths_match_sequential(smollm2, smol_prompts) -> None:
     sp = SamplingParams(max_new_tokens=10, temperature=0.0)
-    base = dict(num_slots=1024, max_running=4, max_context=256, max_prefill_tokens=256,
-                chunk_size=256, params=smollm2.params, model_config=smollm2.cfg,
-                tokenizer=smollm2.tokenizer)
+    base = dict(SMOLLM2_ENGINE, chunk_size=256, params=smollm2.params,
+                model_config=smollm2.cfg, tokenizer=smollm2.tokenizer)
     ids = [smollm2.tokenizer(p).input_ids for p in smol_prompts]
     ref = sequential_reference(base, ids, sp)
     for name, extra in SMOL_PATHS.items():

@@ -14,6 +14,7 @@ import pytest
 from radixjax import Engine, SamplingParams
 from radixjax.engine.scheduler import RequestError
 from radixjax.sampling.params import SamplingParamsError
+from tests.conftest import SMOLLM2_ENGINE
 from tests.grammar.schemas import PROMPTS, SCHEMAS
 
 pytestmark = pytest.mark.slow
@@ -25,8 +26,7 @@ def chat(tok, text: str) -> str:
 
 
 def make_engine(smollm2, **options) -> Engine:
-    opts = dict(num_slots=8192, max_running=32, max_context=512, max_prefill_tokens=512,
-                chunk_size=512) | options
+    opts = SMOLLM2_ENGINE | options
     return Engine(params=smollm2.params, model_config=smollm2.cfg, tokenizer=smollm2.tokenizer,
                   **opts)
 
@@ -35,6 +35,7 @@ def make_engine(smollm2, **options) -> Engine:
 def engine(smollm2):
     with make_engine(smollm2) as e:
         yield e
+        assert e.stats()["num_late_compiles"] == 0  # grammar steps are warm programs too
 
 
 def greedy(**kw) -> SamplingParams:
@@ -110,8 +111,7 @@ def test_unconstrained_outputs_unchanged_by_constrained_neighbours(engine, smoll
 
 
 PATH_NAMES = ["person", "nested_address", "array_of_objects"]
-SMALL = dict(num_slots=2048, max_running=4, max_context=256, max_prefill_tokens=256,
-             chunk_size=256)
+SMALL: dict = {}  # the shared configuration (tests/conftest.py SMOLLM2_ENGINE)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 
 import httpx
 
+# The shared SmolLM2 runner configuration (tests/conftest.py SMOLLM2_ENGINE), as flags.
 SERVER_ARGS = ["--num-slots", "4096", "--max-running", "8",
                "--context-length", "512", "--max-prefill-tokens", "256", "--chunk-size", "256",
                "--default-max-tokens", "16"]

@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from radixjax import Engine, SamplingParams
+from tests.conftest import SMOLLM2_ENGINE
 from tests.server.conftest import MODEL
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -24,8 +25,7 @@ def client(server) -> openai.OpenAI:
 def reference(smollm2):
     """The in-process engine's greedy text for the same requests."""
     with Engine(params=smollm2.params, model_config=smollm2.cfg, tokenizer=smollm2.tokenizer,
-                num_slots=2048, max_running=4, max_context=512, max_prefill_tokens=256,
-                chunk_size=256) as e:
+                **SMOLLM2_ENGINE) as e:
         tok = smollm2.tokenizer
         chat = tok(tok.apply_chat_template(QUESTION, add_generation_prompt=True,
                                            tokenize=False), add_special_tokens=False).input_ids

@@ -401,9 +401,10 @@ def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
 
 def generate(prompts: Prompt | Sequence[Prompt], model: str | Path | None = None,
              n: int = 1, **sampling: Any) -> GenerateOutput | list[GenerateOutput]:
-    """One-shot convenience for scripts: build an Engine, generate, shut it down.
-    Keep an `Engine` for repeated calls (it compiles once and keeps its cache)."""
-    with Engine(model) as engine:
+    """One-shot convenience for scripts: build an Engine, generate, shut it down. It
+    compiles only the step programs this call uses (warmup=False); keep an `Engine` for
+    repeated calls (it compiles every program once, up front, and keeps its cache)."""
+    with Engine(model, warmup=False) as engine:
         return engine.generate(prompts, SamplingParams(**sampling), n=n)
 
 

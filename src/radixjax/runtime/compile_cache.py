@@ -18,3 +18,4 @@ def enable_persistent_cache(path: str | None = None) -> str:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return path
+

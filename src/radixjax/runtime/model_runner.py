@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from tqdm.auto import tqdm
 
 from radixjax.model.attention import (
     TABLE_ALIGN,
@@ -31,6 +30,7 @@ from radixjax.parallel.rules import Layout
 from radixjax.parallel.shard_params import kv_sharding, shard_params, sharded_config
 from radixjax.runtime.batch import DUMMY_SLOT, Buckets, HostBatch, TokenSource
 from radixjax.runtime.penalties import apply_penalties, count_sampled, gather_counts
+from radixjax.runtime.step_programs import StepPrograms
 from radixjax.sampling.bitmask import apply_token_bitmask, bitmask_width
 from radixjax.sampling.params import SamplingArrays
 from radixjax.sampling.sampler import SampleOutput, StepFlags, sample
@@ -186,22 +186,34 @@ class ModelRunner:
         self._logits = jax.jit(partial(_all_logits, **statics), donate_argnames=("kv", "table"))
         self._sync = jax.jit(_sync_row, donate_argnames="table")
         self._no_mask: dict[int, jax.Array] = {}  # all-ones grammar mask per B, on device
-        self._seen: set[BatchShape] = set()
-        self.is_warm = False
-        self.num_late_compiles = 0  # compiles after warm-up: each one is a bucket bug
+        self.programs = StepPrograms(self._step, self._example_args)
+
+    # -- the step programs ----------------------------------------------------------------
+
+    def _example_args(self, shape: BatchShape) -> tuple:
+        batch = _padding_batch(shape, self.config.max_running)
+        return self._args(batch, SamplingArrays.build([], [], shape.num_reqs),
+                          StepOptions(), None)
+
+    def _args(self, batch: HostBatch, sp: SamplingArrays, opts: StepOptions,
+              token_mask: np.ndarray | None) -> tuple:
+        return (self.params, self.kv, self.req_to_token, self.last_tokens, self.token_counts,
+                *jax.device_put((batch.input_ids, batch.src, batch.md, sp), self._inputs),
+                self._mask_for(batch, token_mask), jax.device_put(opts.flags(), self._inputs))
 
     @property
     def num_programs(self) -> int:
-        """Step programs compiled (or loaded from the persistent cache) so far."""
-        return len(self._seen)
+        """Step programs compiled or loaded so far."""
+        return len(self.programs)
 
-    def _note_compile(self, shape: BatchShape) -> None:
-        if shape in self._seen:
-            return
-        self._seen.add(shape)
-        if self.is_warm:
-            self.num_late_compiles += 1
-            log.warning("compiling a step after warm-up: %s", shape)
+    @property
+    def num_late_compiles(self) -> int:
+        """Step programs compiled after warm-up: each one is a bucket bug."""
+        return self.programs.num_late_compiles
+
+    @property
+    def is_warm(self) -> bool:
+        return self.programs.is_warm
 
     def _sync_rows(self, batch: HostBatch) -> None:
         width = self.config.table_width
@@ -234,14 +246,10 @@ class ModelRunner:
             raise ValueError("a token_mask goes with opts.use_grammar, and only with it")
         if int(batch.md.kv_len.max()) > self.config.max_context:
             raise ValueError(f"a request exceeds max_context {self.config.max_context}")
-        self._note_compile(batch.shape)
+        program = self.programs.get(batch.shape)
         self._sync_rows(batch)
-        mask = self._mask_for(batch, token_mask)
-        out, self.kv, self.req_to_token, self.last_tokens, self.token_counts = self._step(
-            self.params, self.kv, self.req_to_token, self.last_tokens, self.token_counts,
-            *jax.device_put((batch.input_ids, batch.src, batch.md, sp), self._inputs),
-            mask, jax.device_put(opts.flags(), self._inputs),
-        )
+        out, self.kv, self.req_to_token, self.last_tokens, self.token_counts = program(
+            *self._args(batch, sp, opts, token_mask))
         return out
 
     def all_logits(self, batch: HostBatch) -> np.ndarray:
@@ -254,16 +262,13 @@ class ModelRunner:
         return np.asarray(logits[:num_real])
 
     def warmup(self, shapes: Iterable[BatchShape] | None = None, progress: bool = True) -> None:
-        """Compile (or load from the persistent cache) the step program of every shape
-        (default: every bucket, the whole set a scheduler can emit), running each once on
-        an all-padding batch that only touches the dummy slot and the spare row."""
+        """Compile (or load from JAX's persistent cache) the step program of every shape
+        (default: every bucket, the whole set a scheduler can emit)."""
         shapes = self.buckets.shapes if shapes is None else list(shapes)
-        for shape in tqdm(shapes, desc="compiling step programs", disable=not progress):
-            self._note_compile(shape)
-            batch = _padding_batch(shape, self.config.max_running)
-            sp = SamplingArrays.build([], [], shape.num_reqs)
-            jax.block_until_ready(self.step(batch, sp, StepOptions()).tokens)
-        self.is_warm = True
+        self.programs.warm(shapes, progress)
+        spare = self.config.max_running  # the tiny row-sync program, on the spare row
+        self._sync_rows(_padding_batch(self.buckets.shapes[0], spare)._replace(
+            row_syncs=((spare, np.zeros(1, np.int32)),)))
         log.info("%d step programs ready", self.num_programs)
 
 
@@ -277,5 +282,4 @@ def _padding_batch(shape: BatchShape, spare_row: int) -> HostBatch:
     )
     src = TokenSource(np.zeros(t, bool), np.full(t, spare_row, np.int32), rows,
                       np.zeros(t, bool), np.zeros(b, bool), np.zeros(b, bool))
-    # one row sync of the spare row, so that tiny program is compiled with the rest
-    return HostBatch(z(t), md, shape, 0, src, ((spare_row, z(1)),))
+    return HostBatch(z(t), md, shape, 0, src)

@@ -1,0 +1,68 @@
+"""The compiled step programs of a ModelRunner: one executable per step shape.
+
+    warm(shapes):  trace each program on this thread and compile it on two worker threads
+                   (XLA releases the GIL, so tracing the next program overlaps compiling
+                   the last: warm-up takes about half as long on the 2-core CPU); JAX's
+                   persistent compilation cache answers the compile on a restart
+    get(shape):    the executable; a shape that was not warmed is compiled now and counted
+                   as a late compile (a bucket bug: every step shape should be warm)
+
+(Serializing the executables themselves would also skip tracing on a restart, but
+jax 0.10's CPU executables do not survive deserialization in another process:
+"Function wrapped_convert not found", measured 2026-12-03.)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from radixjax.model.attention import BatchShape
+
+log = logging.getLogger(__name__)
+
+COMPILE_THREADS = 2  # the 2-core CPU: tracing on the caller, compiling on both cores
+
+
+class StepPrograms:
+    """jitted: the runner's jitted step; example_args(shape) -> the arguments of a step
+    of that shape (placed as real steps place them)."""
+
+    def __init__(self, jitted: Any, example_args: Callable[[BatchShape], tuple]) -> None:
+        self._jitted = jitted
+        self._example_args = example_args
+        self._programs: dict[BatchShape, Any] = {}
+        self.is_warm = False
+        self.num_late_compiles = 0
+
+    def __len__(self) -> int:
+        return len(self._programs)
+
+    def _lower(self, shape: BatchShape) -> Any:
+        return self._jitted.lower(*self._example_args(shape))  # traces, on this thread
+
+    def warm(self, shapes: Iterable[BatchShape], progress: bool = True) -> None:
+        shapes = [s for s in dict.fromkeys(shapes) if s not in self._programs]
+        bar = tqdm(total=len(shapes), desc="compiling step programs", disable=not progress)
+        pending: dict[BatchShape, Future] = {}
+        with ThreadPoolExecutor(COMPILE_THREADS) as pool:
+            for shape in shapes:
+                pending[shape] = pool.submit(self._lower(shape).compile)
+                pending[shape].add_done_callback(lambda _: bar.update(1))
+            for shape, future in pending.items():
+                self._programs[shape] = future.result()
+        bar.close()
+        self.is_warm = True
+
+    def get(self, shape: BatchShape) -> Any:
+        program = self._programs.get(shape)
+        if program is None:
+            if self.is_warm:
+                self.num_late_compiles += 1
+                log.warning("compiling a step after warm-up: %s", shape)
+            program = self._programs[shape] = self._lower(shape).compile()
+        return program
