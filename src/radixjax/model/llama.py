@@ -101,6 +101,27 @@ def _embed(params: Params, input_ids: jax.Array, cfg: ModelConfig,
     return params["embed"][input_ids].astype(jnp.float32)
 
 
+def _decoder_layer(
+    lp: Params, x: jax.Array, kv: tuple[jax.Array, jax.Array], md: AttentionMetadata,
+    cos: jax.Array, sin: jax.Array, *, cfg: ModelConfig, backend: AttentionBackend,
+    layout: Layout | None, kind: int,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """One decoder layer; `kind` is the first layer with this layer's window and MLP type
+    (what the layer's code depends on besides its weights)."""
+    replicate = (lambda a: a) if layout is None else (
+        lambda a: jax.lax.with_sharding_constraint(a, layout.replicated))
+    attn, layer_kv = _attention_block(lp, x, kv, md, cos, sin, cfg, backend,
+                                      cfg.sliding_windows[kind])
+    x = replicate(x + attn)
+    return replicate(x + _mlp_block(lp, x, cfg, layout, kind)), layer_kv
+
+
+# A nested jit: layers of one kind share one trace and one lowered function (called once
+# per layer), so tracing a step program costs one layer per kind, not num_layers layers;
+# XLA inlines the calls, so the compiled program is the same as an unrolled loop.
+_layer = jax.jit(_decoder_layer, static_argnames=("cfg", "backend", "layout", "kind"))
+
+
 def forward(
     params: Params,
     kv: KVPool,
@@ -115,20 +136,17 @@ def forward(
     """Returns (logits, new kv pool). Logits are [B, V] at each request's last new token,
     or [T, V] for every token when `all_logits` (parity tests, prompt logprobs).
     layout: run sharded (cfg must then be parallel.sharded_config(...) of the model)."""
-    replicate = (lambda a: a) if layout is None else (
-        lambda a: jax.lax.with_sharding_constraint(a, layout.replicated))
     if layout is not None:
         backend = sharded_attention(backend, layout)
     x = _embed(params, input_ids, cfg, layout)  # [T, D]
     cos, sin = rope_cos_sin(md.positions, rope_inv_freq(cfg))
     new_kv: KVPool = []
+    kinds: dict[tuple, int] = {}  # (window, sparse) -> first layer of that kind
     for i, lp in enumerate(params["layers"]):
-        attn, layer_kv = _attention_block(
-            lp, x, kv[i], md, cos, sin, cfg, backend, cfg.sliding_windows[i]
-        )
+        kind = kinds.setdefault((cfg.sliding_windows[i], cfg.is_sparse(i)), i)
+        x, layer_kv = _layer(lp, x, kv[i], md, cos, sin, cfg=cfg, backend=backend,
+                             layout=layout, kind=kind)
         new_kv.append(layer_kv)
-        x = replicate(x + attn)
-        x = replicate(x + _mlp_block(lp, x, cfg, layout, i))
     x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
     if not all_logits:
         last = jnp.maximum(md.q_start + md.q_len - 1, 0)  # [B]

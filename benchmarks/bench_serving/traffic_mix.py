@@ -1,8 +1,10 @@
-"""A randomized traffic mix through the real server (the session's warmed server, OpenAI's
-own client): greedy and sampled (OpenAI's default temperature), logprobs / top_logprobs,
-penalties, JSON schema and regex, n > 1, prompts from a few tokens to most of the
-context, outputs up to the context limit, 1 to 8 concurrent. Nothing compiles late,
-every answer is well formed, and no KV is held afterwards."""
+"""A randomized mix of OpenAI chat requests (the real `openai` client) against one server:
+greedy and sampled (OpenAI's default temperature), logprobs / top_logprobs, penalties,
+JSON schema and regex, n > 1, prompts of a few to thousands of tokens, outputs up to the
+context limit, waves of 1 .. max_concurrency concurrent requests. Every answer is checked
+(finish reason, JSON validity, finite logprobs). Used by tests/bench_serving (small) and
+benchmarks/traffic_mix.py (the issue's sizes).
+"""
 
 from __future__ import annotations
 
@@ -10,27 +12,31 @@ import asyncio
 import json
 import math
 import random
+from dataclasses import dataclass
 
-import httpx
 import openai
-
-from tests.server.conftest import MODEL, wait_idle
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
           "required": ["city"]}
 WORDS = "the of a radix tree shares every prefix down to one token while the pool".split()
+KINDS = ("plain", "sampled", "logprobs", "penalties", "json", "regex", "n2", "long")
 
 
-def _prompt(rng: random.Random) -> str:
-    n = rng.choice([1, 3, 20, 120, 300])  # words; a word is one or two tokens
-    return " ".join(rng.choice(WORDS) for _ in range(n))
+@dataclass(frozen=True)
+class MixConfig:
+    model: str
+    num_requests: int = 40
+    max_concurrency: int = 8
+    prompt_words: tuple[int, ...] = (1, 3, 20, 120, 300)  # a word is one or two tokens
+    long_max_tokens: int = 480  # "long" requests ask for this many (past the context)
+    seed: int = 7
 
 
-def _request(rng: random.Random) -> tuple[str, dict]:
-    kind = rng.choice(["plain", "sampled", "logprobs", "penalties", "json", "regex", "n2",
-                       "long"])
-    body: dict = {"model": MODEL, "max_tokens": rng.choice([1, 8, 24])}
-    msgs = [{"role": "user", "content": _prompt(rng)}]
+def _request(rng: random.Random, cfg: MixConfig) -> tuple[str, dict]:
+    kind = rng.choice(KINDS)
+    body: dict = {"model": cfg.model, "max_tokens": rng.choice([1, 8, 24])}
+    words = rng.choice(cfg.prompt_words)
+    msgs = [{"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(words))}]
     if kind == "plain":
         body["temperature"] = 0
     elif kind == "logprobs":
@@ -45,7 +51,7 @@ def _request(rng: random.Random) -> tuple[str, dict]:
     elif kind == "n2":
         body.update(n=2, temperature=1.0)
     elif kind == "long":  # asks for more than the context holds: ends at its limit
-        body.update(max_tokens=480, temperature=0)
+        body.update(max_tokens=cfg.long_max_tokens, temperature=0)
         msgs = [{"role": "user", "content": "hi"}]
     body["messages"] = msgs
     return kind, body
@@ -56,10 +62,9 @@ async def _one(client: openai.AsyncOpenAI, kind: str, body: dict) -> None:
     r = await client.chat.completions.create(**body, extra_body=extra)
     assert len(r.choices) == body.get("n", 1)
     for c in r.choices:
-        assert c.finish_reason in ("stop", "length")
-        text = c.message.content
+        assert c.finish_reason in ("stop", "length"), c.finish_reason
         if kind == "json" and c.finish_reason == "stop":
-            assert isinstance(json.loads(text)["city"], str)
+            assert isinstance(json.loads(c.message.content)["city"], str)
         if body.get("logprobs"):
             for t in c.logprobs.content:
                 assert math.isfinite(t.logprob)
@@ -68,28 +73,17 @@ async def _one(client: openai.AsyncOpenAI, kind: str, body: dict) -> None:
             assert c.finish_reason == "length"
 
 
-async def _traffic(url: str, seed: int, num: int) -> dict[str, int]:
-    rng = random.Random(seed)
+async def run_mix(url: str, cfg: MixConfig) -> dict[str, int]:
+    """Send the mix; returns how many requests of each kind were answered (all checked)."""
+    rng = random.Random(cfg.seed)
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
-                                timeout=300)
+                                timeout=900)
     kinds: dict[str, int] = {}
-    pending = [_request(rng) for _ in range(num)]
-    while pending:  # waves of 1 .. 8 concurrent requests
-        wave = pending[: rng.randint(1, 8)]
+    pending = [_request(rng, cfg) for _ in range(cfg.num_requests)]
+    while pending:  # waves of 1 .. max_concurrency concurrent requests
+        wave = pending[: rng.randint(1, cfg.max_concurrency)]
         pending = pending[len(wave):]
         await asyncio.gather(*(_one(client, k, b) for k, b in wave))
         for k, _ in wave:
             kinds[k] = kinds.get(k, 0) + 1
     return kinds
-
-
-def test_random_traffic_mix_compiles_nothing_late(server: str) -> None:
-    before = httpx.get(server + "/get_server_info").json()["stats"]
-    kinds = asyncio.run(_traffic(server, seed=7, num=40))
-    assert len(kinds) == 8  # every kind of request was sent
-    stats = wait_idle(server)
-    assert stats["kv_held"] == 0
-    assert stats["num_late_compiles"] == before["num_late_compiles"] == 0
-    metrics = httpx.get(server + "/metrics").text
-    assert "radixjax_num_late_compiles 0.0" in metrics
-    assert f"radixjax_num_step_programs {stats['num_step_programs']:.1f}" in metrics
