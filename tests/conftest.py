@@ -43,7 +43,8 @@ __all__ = ["FAMILIES"]
 # share one set of compiled step programs (the persistent compile cache): compiled once,
 # loaded from disk by the rest. Scheduler-only options (chunk size, overlap, policy,
 # jump-forward, retraction) may differ freely; these may not.
-SMOLLM2_ENGINE = dict(num_slots=4096, max_running=8, max_context=512, max_prefill_tokens=256)
+SMOLLM2_ENGINE = dict(num_slots=4096, max_running=8, max_context=512, max_prefill_tokens=256,
+                      chunk_size=256)
 
 
 @pytest.fixture(scope="session")
