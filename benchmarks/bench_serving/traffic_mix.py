@@ -29,6 +29,7 @@ class MixConfig:
     max_concurrency: int = 8
     prompt_words: tuple[int, ...] = (1, 3, 20, 120, 300)  # a word is one or two tokens
     long_max_tokens: int = 480  # "long" requests ask for this many (past the context)
+    long_prompt_words: int = 350  # ... after a prompt this long, so the limit comes soon
     seed: int = 7
 
 
@@ -51,8 +52,10 @@ def _request(rng: random.Random, cfg: MixConfig) -> tuple[str, dict]:
     elif kind == "n2":
         body.update(n=2, temperature=1.0)
     elif kind == "long":  # asks for more than the context holds: ends at its limit
-        body.update(max_tokens=cfg.long_max_tokens, temperature=0)
-        msgs = [{"role": "user", "content": "hi"}]
+        body.update(max_tokens=cfg.long_max_tokens, temperature=0,
+                    extra_body={"ignore_eos": True})  # SGLang's field: no early EOS
+        msgs = [{"role": "user", "content": " ".join(
+            rng.choice(WORDS) for _ in range(cfg.long_prompt_words))}]
     body["messages"] = msgs
     return kind, body
 
