@@ -181,9 +181,17 @@ class ModelRunner:
         self.attention_backend = resolve_backend_name(config.attention_backend)
         statics = dict(cfg=self.run_cfg, backend=self.attention_backend,
                        page_size=config.page_size, layout=layout)
-        self._step = jax.jit(partial(_step, **statics),
+        # Sharded: pin where the state comes back (as it went in), or XLA may return, say,
+        # the counts split like the vocab-sharded logits and the next step's program
+        # would refuse them.
+        rep, step_out, logits_out = self._inputs, {}, {}
+        if layout is not None:
+            step_out = dict(out_shardings=(rep, pool_sharding, rep, rep, rep))
+            logits_out = dict(out_shardings=(rep, pool_sharding, rep))
+        self._step = jax.jit(partial(_step, **statics), **step_out,
                              donate_argnames=("kv", "table", "last_tokens", "counts"))
-        self._logits = jax.jit(partial(_all_logits, **statics), donate_argnames=("kv", "table"))
+        self._logits = jax.jit(partial(_all_logits, **statics), **logits_out,
+                               donate_argnames=("kv", "table"))
         self._sync = jax.jit(_sync_row, donate_argnames="table")
         self._no_mask: dict[int, jax.Array] = {}  # all-ones grammar mask per B, on device
         self.programs = StepPrograms(self._step, self._example_args)
