@@ -21,6 +21,7 @@ from pallas_kernels.kv_write import write_kv_pages
 from pallas_kernels.ragged_attention import ragged_paged_attention
 from radixjax.model.attention import AttentionMetadata
 from radixjax.model.config import ModelConfig
+from radixjax.model.layer_stack import layer_groups, stack_layers
 from radixjax.model.llama import forward, init_kv_pool
 from radixjax.model.pallas_backend import pallas_attention
 from radixjax.model.params import init_params
@@ -74,9 +75,10 @@ def test_kv_write_lowers_for_cuda_aliased_in_place() -> None:
 
 def test_model_forward_with_pallas_backend_lowers_for_cuda() -> None:
     cfg = ModelConfig(model_type="qwen3", vocab_size=256, hidden_size=128,
-                      intermediate_size=256, num_layers=2, num_heads=8, num_kv_heads=2,
-                      head_dim=64, qk_norm=True, sliding_windows=(None, 32))
-    params = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0), jnp.bfloat16))
+                      intermediate_size=256, num_layers=3, num_heads=8, num_kv_heads=2,
+                      head_dim=64, qk_norm=True, sliding_windows=(None, None, 32))
+    params = jax.eval_shape(
+        lambda: stack_layers(cfg, init_params(cfg, jax.random.key(0), jnp.bfloat16)))
     kv = jax.tree.map(lambda a: sd(a.shape, jnp.bfloat16), init_kv_pool(cfg, 256, jnp.float32))
     i32 = partial(sd, dtype=jnp.int32)
     md = AttentionMetadata(i32((32,)), i32((32,)), i32((32,)), i32((4,)), i32((4,)),
@@ -84,11 +86,13 @@ def test_model_forward_with_pallas_backend_lowers_for_cuda() -> None:
     backend = partial(pallas_attention, page_size=16, interpret=False)
     fn = partial(forward, cfg=cfg, backend=backend)
     text = _cuda_text(fn, params, kv, i32((32,)), md, donate_argnums=(1,))
-    # One KV write and one attention kernel per layer (the window makes layer 2's
-    # attention a different kernel; identical kernels may be shared private functions).
+    # One KV write and one attention kernel per layer group, in its scan's body: layers
+    # 0-1 share theirs, the window makes layer 2's attention a different kernel
+    # (identical kernels may be shared private functions).
+    assert len(layer_groups(cfg)) == 2
     assert text.count(TRITON_CALL) == 3
     for kernel in ("write_kv_pages", "ragged_paged_attention"):
-        assert len(re.findall(rf"call @{kernel}(_\d+)?\(", text)) == cfg.num_layers
+        assert len(re.findall(rf"call @{kernel}(_\d+)?\(", text)) == 2
 
 
 def test_unsupported_head_dim_is_a_clear_error_not_a_triton_crash() -> None:

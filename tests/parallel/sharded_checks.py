@@ -109,8 +109,8 @@ def shard_shapes(root: Path) -> dict[str, list]:
         m = load_model(folder, load_tokenizer=False, placer_for=placer_for(lay))
         runner = ModelRunner(m.cfg, m.params, RunnerConfig(num_slots=64, max_context=32,
                                                            max_batch_tokens=32), lay)
-        lp = runner.params["layers"][0]
-        leaves = {"embed": runner.params["embed"], "k_pool": runner.kv[0][0]}
+        lp = runner.params["groups"][0]  # stacked: [layers, ...] per leaf
+        leaves = {"embed": runner.params["embed"], "k_pool": runner.kv[0]}
         leaves.update({n: lp[n] for n in ("wq", "wk", "wo", "w_gate", "w_down", "we_gate",
                                            "we_down", "router") if n in lp})
         for name, x in leaves.items():

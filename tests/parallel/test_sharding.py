@@ -64,21 +64,23 @@ def test_moe_tp_ep_logits_equal_single_device(moe) -> None:
 
 
 def test_params_and_kv_pool_are_sharded(moe) -> None:
-    """[global shape, devices holding a shard, the distinct shard shapes]."""
+    """[global shape, devices holding a shard, the distinct shard shapes]. Layer weights
+    are stacked over the 2 layers (a leading axis never split); the pool holds both
+    layers' rows."""
     s = moe["shards"]
     # qwen2, tp = 4: 8 q heads x Dh 8, 2 KV heads repeated to 4, vocab 256, mlp 96.
-    assert s["qwen2 wq"] == [[64, 64], 4, [[64, 16]]]
-    assert s["qwen2 wk"] == [[64, 32], 4, [[64, 8]]]  # 4 (repeated) KV heads, one each
-    assert s["qwen2 wo"] == [[64, 64], 4, [[16, 64]]]
-    assert s["qwen2 w_gate"] == [[64, 96], 4, [[64, 24]]]
-    assert s["qwen2 w_down"] == [[96, 64], 4, [[24, 64]]]
+    assert s["qwen2 wq"] == [[2, 64, 64], 4, [[2, 64, 16]]]
+    assert s["qwen2 wk"] == [[2, 64, 32], 4, [[2, 64, 8]]]  # 4 (repeated) KV heads, one each
+    assert s["qwen2 wo"] == [[2, 64, 64], 4, [[2, 16, 64]]]
+    assert s["qwen2 w_gate"] == [[2, 64, 96], 4, [[2, 64, 24]]]
+    assert s["qwen2 w_down"] == [[2, 96, 64], 4, [[2, 24, 64]]]
     assert s["qwen2 embed"] == [[256, 64], 4, [[64, 64]]]  # vocab-parallel
-    assert s["qwen2 k_pool"] == [[64, 4, 8], 4, [[64, 1, 8]]]
+    assert s["qwen2 k_pool"] == [[128, 4, 8], 4, [[128, 1, 8]]]
     # mixtral, tp = 4, ep = 2: experts split in 2 groups, each expert's 32 columns in 2.
-    assert s["mixtral we_gate"] == [[8, 64, 32], 4, [[4, 64, 16]]]
-    assert s["mixtral we_down"] == [[8, 32, 64], 4, [[4, 16, 64]]]
-    assert s["mixtral router"] == [[64, 8], 4, [[64, 8]]]  # replicated
-    assert s["mixtral k_pool"] == [[64, 4, 8], 4, [[64, 1, 8]]]
+    assert s["mixtral we_gate"] == [[2, 8, 64, 32], 4, [[2, 4, 64, 16]]]
+    assert s["mixtral we_down"] == [[2, 8, 32, 64], 4, [[2, 4, 16, 64]]]
+    assert s["mixtral router"] == [[2, 64, 8], 4, [[2, 64, 8]]]  # replicated
+    assert s["mixtral k_pool"] == [[128, 4, 8], 4, [[128, 1, 8]]]
 
 
 def test_engine_outputs_equal_across_layouts(dense, moe) -> None:

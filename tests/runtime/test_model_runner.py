@@ -36,11 +36,13 @@ def test_step_tokens_are_argmax_of_logits_and_padding_only_hits_dummy(tiny_model
         return_logprobs=True))
     np.testing.assert_array_equal(np.asarray(out.tokens)[:3], logits[last].argmax(-1))
     np.testing.assert_array_equal(np.asarray(out.top_ids)[:3, 0], logits[last].argmax(-1))
-    # Every pool row is still zero except the request's slots and the dummy slot 0.
-    k0 = np.asarray(runner.kv[0][0])
-    written = set(np.flatnonzero(np.abs(k0).sum(axis=(1, 2)) > 0).tolist())
-    assert written - {0} == set(used.tolist())
-    assert 0 in written  # the padded tokens went to the dummy slot
+    # In every layer's rows of the pool, every slot is still zero except the request's
+    # slots and the dummy slot 0.
+    k = np.asarray(runner.kv[0])
+    for layer in k.reshape(m.cfg.num_layers, runner.config.num_slots, *k.shape[1:]):
+        written = set(np.flatnonzero(np.abs(layer).sum(axis=(1, 2)) > 0).tolist())
+        assert written - {0} == set(used.tolist())
+        assert 0 in written  # the padded tokens went to the dummy slot
 
 
 def test_one_program_per_token_bucket_serves_every_option_and_context(tiny_model_dir) -> None:

@@ -13,6 +13,10 @@ a row only when a request is admitted or its slots are replaced). Slots may be s
 anywhere in the pool. Padded tokens write to slot 0, the reserved dummy; padded requests
 have q_len = kv_len = 0.
 
+The pool stacks the layers along its rows, [L * S, Hkv, Dh]: slot s of layer l is row
+l * S + s. The forward scans the layers and sets `layer_base` = l * S for each; backends
+add it to every slot they read or write (the req_to_token table holds layer-free slots).
+
 The compiled shape holds T and B only: no backend's program depends on the context length
 (each reads a request's keys in blocks up to its own kv_len).
 """
@@ -38,6 +42,7 @@ class AttentionMetadata(NamedTuple):
     kv_len: jax.Array  # [B] int32, keys after this step (cached prefix + new)
     req_row: jax.Array  # [B] int32, the request's row of req_to_token (padding: spare row)
     req_to_token: jax.Array  # [R, C] int32 device table, C a multiple of TABLE_ALIGN
+    layer_base: jax.Array | int = 0  # [] int32, pool row of this layer's slot 0 (per layer)
 
 
 @dataclass(frozen=True)
@@ -51,8 +56,9 @@ class BatchShape:
 class AttentionBackend(Protocol):
     """Writes the new K/V into the pool, then attends each token over its request's keys.
 
-    Pools are per layer, [num_slots, kv_heads, head_dim]; the caller donates them, so the
-    write is in place. Returns (out [T, q_heads, head_dim] f32, k_pool, v_pool).
+    Pools hold every layer, [L * S, kv_heads, head_dim] (this layer's rows from
+    md.layer_base); the caller donates them, so the write is in place.
+    Returns (out [T, q_heads, head_dim] f32, k_pool, v_pool).
     Must hold: causal within a request (key pos <= query pos), keys pos < kv_len only,
     and with a window w, key pos > query pos - w.
     """
@@ -62,8 +68,8 @@ class AttentionBackend(Protocol):
         q: jax.Array,  # [T, Hq, Dh] f32
         k_new: jax.Array,  # [T, Hkv, Dh]
         v_new: jax.Array,  # [T, Hkv, Dh]
-        k_pool: jax.Array,  # [S, Hkv, Dh]
-        v_pool: jax.Array,  # [S, Hkv, Dh]
+        k_pool: jax.Array,  # [L * S, Hkv, Dh]
+        v_pool: jax.Array,  # [L * S, Hkv, Dh]
         md: AttentionMetadata,
         window: int | None,
         scale: float,
@@ -73,7 +79,8 @@ class AttentionBackend(Protocol):
 def write_kv(
     k_pool: jax.Array, v_pool: jax.Array, k_new: jax.Array, v_new: jax.Array, slots: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
-    """Scatter [T, Hkv, Dh] rows into the pools at slots [T] (padding rows hit slot 0)."""
+    """Scatter [T, Hkv, Dh] rows into the pools at rows [T] (slots + layer_base; padding
+    rows hit the layer's slot 0)."""
     k_pool = k_pool.at[slots].set(k_new.astype(k_pool.dtype))
     v_pool = v_pool.at[slots].set(v_new.astype(v_pool.dtype))
     return k_pool, v_pool

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from radixjax.model.attention import AttentionBackend, AttentionMetadata
 from radixjax.model.config import ModelConfig
+from radixjax.model.layer_stack import layer_groups
 from radixjax.model.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
 from radixjax.model.moe import moe_block
 from radixjax.model.params import Params
@@ -23,15 +24,15 @@ from radixjax.parallel.collectives import (
 )
 from radixjax.parallel.rules import Layout
 
-KVPool = list[tuple[jax.Array, jax.Array]]  # per layer (k, v), each [num_slots, Hkv, Dh]
+KVPool = tuple[jax.Array, jax.Array]  # (k, v), each [L * S, Hkv, Dh]: layer l at rows l*S..
 
 
 def init_kv_pool(cfg: ModelConfig, num_slots: int, dtype: jnp.dtype,
                  sharding: jax.sharding.Sharding | None = None) -> KVPool:
-    """sharding: where each [num_slots, Hkv, Dh] array lives (parallel.kv_sharding)."""
-    shape = (num_slots, cfg.num_kv_heads, cfg.head_dim)
-    return [(jnp.zeros(shape, dtype, device=sharding), jnp.zeros(shape, dtype, device=sharding))
-            for _ in range(cfg.num_layers)]
+    """num_slots per layer; sharding: where each [L * S, Hkv, Dh] array lives
+    (parallel.kv_sharding)."""
+    shape = (cfg.num_layers * num_slots, cfg.num_kv_heads, cfg.head_dim)
+    return jnp.zeros(shape, dtype, device=sharding), jnp.zeros(shape, dtype, device=sharding)
 
 
 def kv_pool_bytes(cfg: ModelConfig, num_slots: int, dtype: jnp.dtype) -> int:
@@ -102,24 +103,18 @@ def _embed(params: Params, input_ids: jax.Array, cfg: ModelConfig,
 
 
 def _decoder_layer(
-    lp: Params, x: jax.Array, kv: tuple[jax.Array, jax.Array], md: AttentionMetadata,
-    cos: jax.Array, sin: jax.Array, *, cfg: ModelConfig, backend: AttentionBackend,
+    lp: Params, x: jax.Array, kv: KVPool, md: AttentionMetadata,
+    cos: jax.Array, sin: jax.Array, cfg: ModelConfig, backend: AttentionBackend,
     layout: Layout | None, kind: int,
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    """One decoder layer; `kind` is the first layer with this layer's window and MLP type
-    (what the layer's code depends on besides its weights)."""
+) -> tuple[jax.Array, KVPool]:
+    """One decoder layer (md.layer_base says which); `kind` is the first layer of its
+    group (layer_stack.py): what the layer's code depends on besides its weights."""
     replicate = (lambda a: a) if layout is None else (
         lambda a: jax.lax.with_sharding_constraint(a, layout.replicated))
-    attn, layer_kv = _attention_block(lp, x, kv, md, cos, sin, cfg, backend,
-                                      cfg.sliding_windows[kind])
+    attn, kv = _attention_block(lp, x, kv, md, cos, sin, cfg, backend,
+                                cfg.sliding_windows[kind])
     x = replicate(x + attn)
-    return replicate(x + _mlp_block(lp, x, cfg, layout, kind)), layer_kv
-
-
-# A nested jit: layers of one kind share one trace and one lowered function (called once
-# per layer), so tracing a step program costs one layer per kind, not num_layers layers;
-# XLA inlines the calls, so the compiled program is the same as an unrolled loop.
-_layer = jax.jit(_decoder_layer, static_argnames=("cfg", "backend", "layout", "kind"))
+    return replicate(x + _mlp_block(lp, x, cfg, layout, kind)), kv
 
 
 def forward(
@@ -133,22 +128,27 @@ def forward(
     all_logits: bool = False,
     layout: Layout | None = None,
 ) -> tuple[jax.Array, KVPool]:
-    """Returns (logits, new kv pool). Logits are [B, V] at each request's last new token,
-    or [T, V] for every token when `all_logits` (parity tests, prompt logprobs).
+    """params: stacked (layer_stack.stack_layers); the layers of each group run in one
+    lax.scan. Returns (logits, new kv pool). Logits are [B, V] at each request's last new
+    token, or [T, V] for every token when `all_logits` (parity tests, prompt logprobs).
     layout: run sharded (cfg must then be parallel.sharded_config(...) of the model)."""
     if layout is not None:
         backend = sharded_attention(backend, layout)
     x = _embed(params, input_ids, cfg, layout)  # [T, D]
     cos, sin = rope_cos_sin(md.positions, rope_inv_freq(cfg))
-    new_kv: KVPool = []
-    kinds: dict[tuple, int] = {}  # (window, sparse) -> first layer of that kind
-    for i, lp in enumerate(params["layers"]):
-        kind = kinds.setdefault((cfg.sliding_windows[i], cfg.is_sparse(i)), i)
-        x, layer_kv = _layer(lp, x, kv[i], md, cos, sin, cfg=cfg, backend=backend,
-                             layout=layout, kind=kind)
-        new_kv.append(layer_kv)
+    num_slots = kv[0].shape[0] // cfg.num_layers
+    for group, weights in zip(layer_groups(cfg), params["groups"], strict=True):
+
+        def layer(carry: tuple, xs: tuple, kind: int = group.start) -> tuple:
+            x, kv = carry
+            lp, i = xs
+            md_i = md._replace(layer_base=i * num_slots)
+            return _decoder_layer(lp, x, kv, md_i, cos, sin, cfg, backend, layout, kind), None
+
+        ids = jnp.arange(group.start, group.stop, dtype=jnp.int32)
+        (x, kv), _ = jax.lax.scan(layer, (x, kv), (weights, ids))
     x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
     if not all_logits:
         last = jnp.maximum(md.q_start + md.q_len - 1, 0)  # [B]
         x = x[last]
-    return lm_head(params, x, cfg, layout), new_kv
+    return lm_head(params, x, cfg, layout), kv

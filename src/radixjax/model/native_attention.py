@@ -76,7 +76,7 @@ def _decode(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, md: AttentionMet
 
     def body(j: jax.Array, carry: tuple) -> tuple:
         cols = j * block_k + jnp.arange(block_k, dtype=jnp.int32)  # [BK]
-        slots = md.req_to_token[md.req_row[:, None], cols[None, :]]  # [B, BK]
+        slots = md.req_to_token[md.req_row[:, None], cols[None, :]] + md.layer_base  # [B, BK]
         k = k_pool[slots].astype(jnp.float32)  # [B, BK, Hkv, Dh]
         v = v_pool[slots].astype(jnp.float32)
         s = jnp.einsum("bhgd,bkhd->bhgk", qd, k)  # [B, Hkv, G, BK]
@@ -120,7 +120,7 @@ def _extend(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, md: AttentionMet
             def body(j: jax.Array, carry: tuple) -> tuple:
                 k_pos = j * block_k + jnp.arange(block_k, dtype=jnp.int32)  # [BK]
                 slots = lax.dynamic_slice(md.req_to_token, (row, j * block_k),
-                                          (1, block_k))[0]
+                                          (1, block_k))[0] + md.layer_base
                 k = k_pool[slots].astype(jnp.float32)  # [BK, Hkv, Dh]
                 v = v_pool[slots].astype(jnp.float32)
                 s = jnp.einsum("qhgd,khd->hgqk", qt, k)  # [Hkv, G, BQ, BK]
@@ -153,7 +153,7 @@ def native_attention(
     scale: float,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """`AttentionBackend` contract (model/attention.py): blockwise, context-free shapes."""
-    k_pool, v_pool = write_kv(k_pool, v_pool, k_new, v_new, md.out_slots)
+    k_pool, v_pool = write_kv(k_pool, v_pool, k_new, v_new, md.out_slots + md.layer_base)
     q = q * scale
     dec = _decode(q, k_pool, v_pool, md, window, DECODE_BLOCK_K)  # [B, Hq, Dh]
     ext = _extend(q, k_pool, v_pool, md, window, EXTEND_BLOCK_Q, EXTEND_BLOCK_K)  # [T, ..]

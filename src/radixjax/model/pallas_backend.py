@@ -6,7 +6,8 @@ page-aligned and its page table is every P-th slot of its req_to_token row divid
 
     req_to_token[row] = [p0*P, p0*P+1, .., p0*P+P-1, p1*P, ..]  ->  pages = [p0, p1, ..]
 
-and the per-layer pool [S, Hkv, Dh] is viewed (free reshape) as [S/P, P, Hkv, Dh].
+and the pool [L * S, Hkv, Dh] is viewed (free reshape) as [L * S/P, P, Hkv, Dh]; this
+layer's pages start at page layer_base / P (S is a multiple of P).
 P = 1 is always valid (every slot its own page), whatever the allocator's page size.
 Interpret mode (CPU) is decided once, in `pallas_kernels.compat`.
 """
@@ -28,8 +29,9 @@ def page_table_from_slots(kv_slots: jax.Array, page_size: int) -> jax.Array:
 
 
 def page_table(md: AttentionMetadata, page_size: int) -> jax.Array:
-    """[B, C / P] page ids of each request's req_to_token row (C: the table width)."""
-    return page_table_from_slots(md.req_to_token[md.req_row], page_size)
+    """[B, C / P] page ids of each request's req_to_token row (C: the table width), in
+    this layer's pages."""
+    return page_table_from_slots(md.req_to_token[md.req_row] + md.layer_base, page_size)
 
 
 def cu_q_lens_from(md: AttentionMetadata) -> jax.Array:
@@ -41,8 +43,8 @@ def pallas_attention(
     q: jax.Array,  # [T, Hq, Dh] f32
     k_new: jax.Array,  # [T, Hkv, Dh]
     v_new: jax.Array,  # [T, Hkv, Dh]
-    k_pool: jax.Array,  # [S, Hkv, Dh], donated by the caller
-    v_pool: jax.Array,  # [S, Hkv, Dh]
+    k_pool: jax.Array,  # [L * S, Hkv, Dh], donated by the caller
+    v_pool: jax.Array,  # [L * S, Hkv, Dh]
     md: AttentionMetadata,
     window: int | None,
     scale: float,
@@ -58,7 +60,7 @@ def pallas_attention(
         raise ValueError(f"pool of {num_slots} slots is not a multiple of page {page_size}")
     paged = (num_slots // page_size, page_size, num_kv_heads, head_dim)
     k_pages, v_pages = write_kv_pages(
-        k_pool.reshape(paged), v_pool.reshape(paged), k_new, v_new, md.out_slots,
+        k_pool.reshape(paged), v_pool.reshape(paged), k_new, v_new, md.out_slots + md.layer_base,
         interpret=interpret,
     )
     # Static bounds from the step's shape only (T tokens, the table's width): the kernel

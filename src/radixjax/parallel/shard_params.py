@@ -111,6 +111,6 @@ def shard_params(cfg: ModelConfig, params: Params, layout: Layout) -> Params:
 
 
 def kv_sharding(layout: Layout, run_cfg: ModelConfig, num_slots: int) -> jax.sharding.Sharding:
-    """The pool [num_slots, Hkv, Dh]: sharded over KV heads."""
-    shape = (num_slots, run_cfg.num_kv_heads, run_cfg.head_dim)
+    """The pool [L * num_slots, Hkv, Dh]: sharded over KV heads."""
+    shape = (run_cfg.num_layers * num_slots, run_cfg.num_kv_heads, run_cfg.head_dim)
     return layout.sharding(("slots", "kv_heads", "head_dim"), shape)

@@ -24,6 +24,7 @@ from radixjax.model.attention import (
     resolve_backend_name,
 )
 from radixjax.model.config import ModelConfig
+from radixjax.model.layer_stack import stack_layers
 from radixjax.model.llama import KVPool, forward, init_kv_pool
 from radixjax.model.params import Params
 from radixjax.parallel.rules import Layout
@@ -161,7 +162,9 @@ class ModelRunner:
         self.cfg = cfg
         self.layout = layout
         self.run_cfg = cfg if layout is None else sharded_config(cfg, layout)
-        self.params = params if layout is None else shard_params(cfg, params, layout)
+        # Stacked per layer group for the forward's scan (a copy of the layer weights).
+        self.params = stack_layers(
+            cfg, params if layout is None else shard_params(cfg, params, layout))
         self.config = config
         self.buckets = config.buckets
         self._inputs = None if layout is None else layout.replicated  # where step inputs go
