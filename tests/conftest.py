@@ -61,7 +61,7 @@ def server():
     them nothing compiled late and no request holds KV."""
     from tests.server.conftest import running_server, wait_idle
 
-    with running_server() as url:
+    with running_server(["--enable-debug-endpoints", "--max-request-bytes", "1000000"]) as url:
         yield url
         stats = wait_idle(url)
         assert stats["num_late_compiles"] == 0, "a step compiled after warm-up"

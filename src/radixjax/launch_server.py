@@ -13,6 +13,7 @@ import sys
 import time
 
 from radixjax.engine.config import ATTENTION_BACKENDS, POLICIES
+from radixjax.server.limits import Limits
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,6 +55,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="skip compiling the step buckets at start-up")
     g.add_argument("--default-max-tokens", type=int, default=256,
                    help="max_tokens when a request gives none")
+    g.add_argument("--max-request-bytes", type=int, default=Limits.max_request_bytes,
+                   help="larger request bodies get 413 before they are parsed")
+    g.add_argument("--max-concurrent-requests", type=int,
+                   default=Limits.max_concurrent_requests,
+                   help="generation requests in progress; past it, 503 with Retry-After")
+    g.add_argument("--enable-debug-endpoints", action="store_true",
+                   help="POST /debug/inject_fault: the next step raises (tests)")
     g = p.add_argument_group("parallelism (docs/sharding.md)")
     g.add_argument("--tp", type=int, default=1,
                    help="tensor-parallel devices: heads, MLP columns, vocab and KV pool "
@@ -85,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     name = args.served_model_name or os.path.basename(
         str(args.model or default_model_path())).removesuffix(".gguf")
-    app = create_app(engine, ServerConfig(name, args.api_key, args.default_max_tokens))
+    app = create_app(engine, ServerConfig(
+        name, args.api_key, args.default_max_tokens, args.enable_debug_endpoints,
+        Limits(args.max_request_bytes, args.max_concurrent_requests)))
     print(f"radixjax: serving {name} on http://{args.host}:{args.port} "
           f"(ready in {time.perf_counter() - t0:.0f}s, "
           f"{engine.runner.num_programs} step programs)", file=sys.stderr, flush=True)

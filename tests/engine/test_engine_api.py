@@ -4,13 +4,14 @@ streaming and abort, typed errors (and the engine keeps serving after them)."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
 
 from radixjax import Engine, SamplingParams
 from radixjax.engine.config import EngineConfigError
-from radixjax.engine.scheduler import RequestError
+from radixjax.engine.scheduler import EngineError, RequestError
 from radixjax.loaders import load_model
 from radixjax.sampling.params import SamplingParamsError
 
@@ -102,10 +103,11 @@ def test_stream_matches_generate_and_early_exit_aborts(engine) -> None:
     assert [t for c in chunks for t in c.token_ids] == ref.token_ids
     assert chunks[-1].finish_reason == "length" and chunks[-1].output is not None
     asyncio.run(collect(2))  # leaving early aborts the request
-    for _ in range(100):
+    for _ in range(200):  # the abort reaches the scheduler's loop soon after
         stats = engine.stats()
         if stats["num_running"] == 0 and stats["num_waiting"] == 0:
             break
+        time.sleep(0.05)
     engine.check_integrity()
     assert engine.stats()["num_aborted"] >= 1
 
@@ -134,3 +136,52 @@ def test_bad_sampling_and_config_raise(engine) -> None:
         Engine(params={}, model_config=None, policy="random")
     with pytest.raises(RequestError):
         engine.generate("text needs a tokenizer", GREEDY)
+
+
+def test_a_failed_step_fails_its_requests_and_the_engine_recovers(engine) -> None:
+    """A step that raises (the test hook): every request the engine held gets EngineError
+    (generate raises it, a stream raises it), the engine starts over with empty, checked
+    KV accounting, and serves the same greedy answer as before the fault."""
+    long = SamplingParams(max_new_tokens=60, temperature=0.0, ignore_eos=True)
+    before = engine.generate(prompt(9, 12), GREEDY).token_ids
+    failures = engine.stats()["num_failures"]
+
+    async def stream_then_fault() -> list[int]:
+        got: list[int] = []
+        async for chunk in engine.generate_stream(prompt(10, 5), long):
+            got += chunk.token_ids
+            if len(got) == 3:
+                engine.inject_fault()
+        return got
+
+    with pytest.raises(EngineError, match="injected fault"):
+        asyncio.run(stream_then_fault())
+    assert engine.stats()["num_failures"] == failures + 1
+    assert engine.healthy
+    engine.check_integrity()  # idle and nothing held: the accounting was reset
+    engine.inject_fault()
+    with pytest.raises(EngineError, match="injected fault"):
+        engine.generate([prompt(11, 6), prompt(12, 30)], long)  # batch: both fail
+    assert engine.generate(prompt(9, 12), GREEDY).token_ids == before
+    engine.check_integrity()
+
+
+def test_max_new_tokens_is_clamped_to_the_context(engine) -> None:
+    """As SGLang and vLLM: a huge max_new_tokens runs to the context, and it reserves no
+    more KV at admission than the context allows (others are still admitted)."""
+    huge = SamplingParams(max_new_tokens=10**9, temperature=0.0, ignore_eos=True)
+    outs = engine.generate([prompt(13, 20), prompt(14, 5)], [huge, GREEDY])
+    assert outs[0].finish_reason == "length"
+    assert outs[0].completion_tokens == KW["max_context"] - 20
+    assert outs[1].stats.admitted < outs[0].stats.finished  # ran alongside, not after
+    engine.check_integrity()
+
+
+def test_an_abort_before_the_request_is_added_is_remembered(engine) -> None:
+    req = engine._make_req(prompt(15, 5), GREEDY, 0)
+    seen: list[tuple] = []
+    req.on_tokens = lambda r, new, finished: seen.append((r.finish_reason, new, finished))
+    engine._call(lambda: engine.scheduler.abort(req))
+    engine._call(lambda: engine.scheduler.add_request(req))
+    assert seen == [("abort", [], True)]
+    engine.check_integrity()

@@ -37,6 +37,17 @@ SCRIPT = textwrap.dedent("""
     assert not bits[0].any() and not bits[2].any(), "only row 1 is written"
     assert texts and all(t.startswith("{") for t in texts), texts
     assert "torch" not in [k for k, v in sys.modules.items() if v is not None]
+    # The compiled-grammar cache is bounded: past the limit the least recently used go.
+    schemas = [("json_schema", '{"type": "object", "properties": {"k%d": {"type": "string", '
+                '"maxLength": %d}}}' % (i, i + 3), True) for i in range(12)]
+    sizes = {}
+    for limit in (1 << 30, 150_000):
+        b = GrammarBackend(m.tokenizer, m.cfg.vocab_size, (m.tokenizer.eos_token_id,),
+                           cache_limit_bytes=limit)
+        for key in schemas:
+            b.compile(key)
+        sizes[limit] = b.cache_size_bytes
+    assert sizes[150_000] < 2 * 150_000 < sizes[1 << 30] / 3, sizes  # ~1 MB unbounded
     print("ok", xgr.load().version, len(texts))
 """)
 

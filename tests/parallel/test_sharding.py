@@ -42,11 +42,13 @@ def moe(tmp_path_factory) -> dict:
 
 
 def test_dense_tp_logits_equal_single_device(dense) -> None:
+    from tests.parallel.sharded_checks import DENSE
+
     errors = dense["errors"]
-    for fam, tps in {"llama": (1, 2, 4), "llama3": (1, 2, 4), "mistral": (1, 2, 4, 8),
-                     "qwen2": (1, 2, 4, 8), "qwen3": (1, 2, 4)}.items():
-        for tp in tps:
-            assert errors[f"{fam} tp={tp} ep=1"] < TOL, (fam, tp)
+    assert len(errors) == sum(len(v) for v in DENSE.values()) == 8
+    assert {int(k.split("tp=")[1].split()[0]) for k in errors} == {2, 4, 8}
+    for name, err in errors.items():
+        assert err < TOL, name
 
 
 def test_pallas_backend_under_tp_and_refused_layouts(dense) -> None:
@@ -58,9 +60,10 @@ def test_pallas_backend_under_tp_and_refused_layouts(dense) -> None:
 
 def test_moe_tp_ep_logits_equal_single_device(moe) -> None:
     errors = moe["errors"]
-    for fam in ("qwen3_moe", "mixtral"):
-        for tp, ep in ((2, 1), (2, 2), (4, 2), (4, 4), (8, 8)):
-            assert errors[f"{fam} tp={tp} ep={ep}"] < TOL, (fam, tp, ep)
+    assert set(errors) == {"qwen3_moe tp=2 ep=1", "qwen3_moe tp=4 ep=2", "qwen3_moe tp=8 ep=8",
+                           "mixtral tp=2 ep=2", "mixtral tp=4 ep=4"}
+    for name, err in errors.items():
+        assert err < TOL, name
 
 
 def test_params_and_kv_pool_are_sharded(moe) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
+import pytest
 
 # The shared SmolLM2 runner configuration (tests/conftest.py SMOLLM2_ENGINE), as flags.
 SERVER_ARGS = ["--num-slots", "4096", "--max-running", "8",
@@ -63,3 +64,10 @@ def wait_idle(url: str, timeout: float = 30.0) -> dict:
         if idle or time.monotonic() > deadline:
             return stats
         time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def limited_server() -> Iterator[str]:
+    """A second server: an API key ("s3cret") and one request in progress at most."""
+    with running_server(["--api-key", "s3cret", "--max-concurrent-requests", "1"]) as url:
+        yield url

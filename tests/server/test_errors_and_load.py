@@ -8,7 +8,7 @@ import asyncio
 import httpx
 import pytest
 
-from tests.server.conftest import MODEL, running_server, wait_idle
+from tests.server.conftest import MODEL, wait_idle
 
 MSG = [{"role": "user", "content": "hi"}]
 CHAT, COMP = "/v1/chat/completions", "/v1/completions"
@@ -49,7 +49,8 @@ BAD_INPUTS = [
     ("prompt wrong type", COMP, {"model": MODEL, "prompt": {"a": 1}}, 400),
     ("token id out of vocab", COMP, {"model": MODEL, "prompt": [1, 99_999_999]}, 400),
     ("oversized prompt", COMP, {"model": MODEL, "prompt": "hello " * 2000}, 400),
-    ("max_tokens huge", COMP, {"model": MODEL, "prompt": "hi", "max_tokens": 10**12}, 200),
+    ("max_tokens huge", COMP, {"model": MODEL, "prompt": "hi " * 490, "max_tokens": 10**12},
+     200),  # clamped to the few tokens left in the context
     ("native: both text and ids", "/generate", {"text": "a", "input_ids": [1]}, 400),
     ("native: bad sampling param", "/generate", {"text": "a",
                                                  "sampling_params": {"temperature": -3}}, 400),
@@ -120,14 +121,18 @@ def test_burst_of_concurrent_streams_completes(server) -> None:
     assert wait_idle(server)["kv_held"] == 0
 
 
-def test_api_key_is_required_when_set() -> None:
-    with running_server(["--api-key", "s3cret"]) as url:
-        body = {"model": MODEL, "messages": MSG, "max_tokens": 2}
-        assert httpx.post(url + CHAT, json=body, timeout=60).status_code == 401
-        wrong = {"Authorization": "Bearer nope"}
-        r = httpx.post(url + CHAT, json=body, headers=wrong, timeout=60)
-        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
-        ok = httpx.post(url + CHAT, json=body, headers={"Authorization": "Bearer s3cret"},
-                        timeout=60)
-        assert ok.status_code == 200
-        assert httpx.get(url + "/health", timeout=5).status_code == 200  # health is open
+def test_api_key_is_required_when_set(limited_server) -> None:
+    url = limited_server
+    body = {"model": MODEL, "messages": MSG, "max_tokens": 2}
+    assert httpx.post(url + CHAT, json=body, timeout=60).status_code == 401
+    wrong = {"Authorization": "Bearer nope"}
+    r = httpx.post(url + CHAT, json=body, headers=wrong, timeout=60)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    ok = httpx.post(url + CHAT, json=body, headers={"Authorization": "Bearer s3cret"},
+                    timeout=60)
+    assert ok.status_code == 200
+    assert httpx.get(url + "/health", timeout=5).status_code == 200  # health is open
+    # debug endpoints are off unless --enable-debug-endpoints
+    r = httpx.post(url + "/debug/inject_fault", headers={"Authorization": "Bearer s3cret"},
+                   timeout=10)
+    assert r.status_code == 404

@@ -17,7 +17,7 @@ import numpy as np
 
 from radixjax.engine.config import EngineConfig
 from radixjax.engine.request import Req, ReqStats
-from radixjax.engine.scheduler import RequestError, Scheduler
+from radixjax.engine.scheduler import EngineError, RequestError, Scheduler
 from radixjax.grammar.backend import GrammarBackend, GrammarError
 from radixjax.loaders import load_model
 from radixjax.model.config import ModelConfig
@@ -292,7 +292,11 @@ class Engine:
         def on_tokens(req: Req, new: list[int], finished: bool) -> None:
             if not finished:
                 self._check_stop_strings(req)
-            elif not fut.done():
+            elif fut.done():
+                pass
+            elif req.error is not None:
+                fut.set_exception(EngineError(req.error))
+            else:
                 fut.set_result(self._output(req))
         return on_tokens
 
@@ -343,6 +347,8 @@ class Engine:
                 lps, tops = req.logprobs[num_sent:end], req.top_logprobs[num_sent:end]
                 num_sent = end
                 if finished:
+                    if req.error is not None:
+                        raise EngineError(req.error)
                     yield StreamChunk(text, new, req.finish_reason, self._output(req), lps, tops)
                     return
                 yield StreamChunk(text, new, None, None, lps, tops)
@@ -360,8 +366,19 @@ class Engine:
             return s.stats.snapshot(num_running=len(s.running), num_waiting=len(s.waiting),
                                     kv_usage=used / usable, kv_held=s.kvm.num_held,
                                     num_late_compiles=self.runner.num_late_compiles,
+                                    num_failures=s.num_failures,
                                     num_step_programs=self.runner.num_programs)
         return self._call(snap)
+
+    @property
+    def healthy(self) -> bool:
+        """False while the engine recovers from a failed step, or for good when it could
+        not (then it refuses requests with EngineError)."""
+        return self.scheduler.healthy
+
+    def inject_fault(self) -> None:
+        """Test hook: the next scheduler step raises (the server's /debug/inject_fault)."""
+        self._call(self.scheduler.inject_fault)
 
     def check_integrity(self) -> None:
         """KV accounting holds (call when idle: then nothing may be held by requests)."""

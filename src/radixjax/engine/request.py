@@ -65,7 +65,8 @@ class Req:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     state: ReqState = ReqState.WAITING
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    error: str | None = None  # why the engine failed this request (finish_reason "error")
     # KV ownership (valid while RUNNING)
     row: int = -1  # req_to_token row, also the device token-buffer row
     slots: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -36,6 +36,11 @@ log = logging.getLogger(__name__)
 
 class RequestError(ValueError):
     """A request the engine cannot serve (empty prompt, longer than the context, ...)."""
+
+
+class EngineError(RuntimeError):
+    """The engine failed while serving this request (a step raised). The engine itself
+    recovered (see Scheduler.recover) unless `Engine.healthy` says otherwise."""
 
 
 @dataclass
@@ -64,23 +69,40 @@ class Scheduler:
         self.runner = runner
         self.cfg = cfg
         self.eos_token_ids = eos_token_ids
-        self.kvm = KVCacheManager(cfg.num_slots, cfg.page_size)
-        self.rows = ReqToTokenPool(cfg.max_running, cfg.max_context + cfg.page_size)
-        self.policy = SchedulePolicy(cfg.policy, self.kvm.tree if cfg.enable_cache else None,
-                                     cfg.fcfs_threshold, cfg.in_batch_prefix_min)
+        self._fresh_accounting()
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.stats = EngineStats()
         self.in_flight: InFlight | None = None
         self._num_decode_steps = 0
         self._wakeup: asyncio.Event | None = None
+        self.healthy = True  # False while recovering, and for good if recovery failed
+        self.num_failures = 0  # steps that raised
+        self.last_error: str | None = None
+        self._fault_pending = False  # test hook: the next step raises (inject_fault)
+
+    def _fresh_accounting(self) -> None:
+        """Empty KV accounting: the pool's allocator and radix tree, the table rows."""
+        cfg = self.cfg
+        self.kvm = KVCacheManager(cfg.num_slots, cfg.page_size)
+        self.rows = ReqToTokenPool(cfg.max_running, cfg.max_context + cfg.page_size)
+        self.policy = SchedulePolicy(cfg.policy, self.kvm.tree if cfg.enable_cache else None,
+                                     cfg.fcfs_threshold, cfg.in_batch_prefix_min)
 
     # -- requests ---------------------------------------------------------------------------
 
     def add_request(self, req: Req) -> None:
+        if not self.healthy:
+            raise EngineError(f"the engine is unhealthy: {self.last_error}")
         self.validate(req)
-        self.waiting.append(req)
+        room = self.cfg.max_context - len(req.prompt_ids)
+        if req.sampling.max_new_tokens > room:  # as SGLang and vLLM: up to the context
+            req.sampling = replace(req.sampling, max_new_tokens=room)
         self.stats.num_requests += 1
+        if req.is_aborted:  # aborted before it got here: remembered, never run
+            self._mark_finished(req, "abort")
+            return
+        self.waiting.append(req)
         if self._wakeup is not None:
             self._wakeup.set()
 
@@ -133,12 +155,48 @@ class Scheduler:
     # -- the loop ---------------------------------------------------------------------------
 
     async def run_forever(self) -> None:
+        """Steps while there is work. A step that raises fails the requests the engine
+        holds and the engine starts over (recover); it never ends the loop silently."""
         self._wakeup = asyncio.Event()
         while True:
             if not self.has_work:
                 self._wakeup.clear()
                 await self._wakeup.wait()
-            await self.run_once()
+            try:
+                await self.run_once()
+            except Exception as e:  # noqa: BLE001 (supervision: any failure of a step)
+                try:
+                    self.recover(e)
+                except Exception:  # noqa: BLE001
+                    log.exception("recovery failed: the engine stays unhealthy")
+                    self.in_flight, self.running, self.waiting = None, [], []
+
+    def recover(self, error: BaseException) -> None:
+        """Fail every request the engine holds (finish_reason "error", `Req.error` set),
+        then start over: empty KV accounting and radix cache, fresh device state (the
+        failed step may have consumed its donated buffers), checked. If that raises too,
+        the engine stays unhealthy and refuses new requests."""
+        log.error("a scheduler step failed; failing its requests and recovering",
+                  exc_info=error)
+        self.healthy = False
+        self.num_failures += 1
+        self.last_error = f"{type(error).__name__}: {error}"
+        held = list(self.in_flight.batch.reqs) if self.in_flight else []
+        held += self.running + self.waiting
+        self.in_flight, self.running, self.waiting = None, [], []
+        for r in dict.fromkeys(held):
+            if r.state is not ReqState.FINISHED:
+                r.row, r.slots, r.last_node, r.num_pending = -1, r.slots[:0], None, 0
+                r.error = self.last_error
+                self._mark_finished(r, "error")
+        self._fresh_accounting()
+        self.runner.reset_state()
+        self.check_integrity()
+        self.healthy = True
+
+    def inject_fault(self) -> None:
+        """Test hook: the next step raises inside run_once, after its batch took KV."""
+        self._fault_pending = True
 
     async def run_once(self) -> None:
         if self.in_flight is not None and (self._decode_may_retract()
@@ -153,6 +211,9 @@ class Scheduler:
         )
         if not overlap:
             await self._drain()
+        if self._fault_pending:
+            self._fault_pending = False
+            raise RuntimeError("injected fault (test hook)")
         # Dispatch off the loop too: it returns at once, except when a new shape compiles
         # (seconds), which must not stall the HTTP server sharing this loop.
         out = await asyncio.to_thread(self.runner.step, batch.host, _sampling(batch),
@@ -432,7 +493,10 @@ class Scheduler:
             return "stop"
         if token in sp.stop_token_ids or (not sp.ignore_eos and token in self.eos_token_ids):
             return "stop"
-        if len(r.output_ids) >= sp.max_new_tokens or r.seq_len >= self.cfg.max_context:
+        # Known tokens only: with overlap the next step may already be in flight for r
+        # (seq_len counts it), and its token is still inside the context.
+        known = len(r.prompt_ids) + len(r.output_ids)
+        if len(r.output_ids) >= sp.max_new_tokens or known >= self.cfg.max_context:
             return "length"
         return None
 

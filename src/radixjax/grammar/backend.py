@@ -2,8 +2,9 @@
 tokenizer and hands out per-request matchers.
 
 Compiled grammars are cached by their key (kind, source, strict) in xgrammar's own
-compiler cache. `compile` blocks (milliseconds for most schemas, longer for big ones):
-call it off the scheduler's loop (the engine uses a worker thread).
+compiler cache, bounded (least recently used out past `cache_limit_bytes`). `compile`
+blocks (milliseconds for most schemas, longer for big ones): call it off the scheduler's
+loop (the engine uses a worker thread).
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ class GrammarError(ValueError):
 
 class GrammarBackend:
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: tuple[int, ...],
-                 max_threads: int = 2) -> None:
+                 max_threads: int = 2, cache_limit_bytes: int = 256 << 20) -> None:
         x = xgr.load()
         self.vocab_size = vocab_size
         self.stop_token_ids = list(stop_token_ids)
         info = x.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=self.stop_token_ids
         )
-        self._compiler = x.GrammarCompiler(info, max_threads=max_threads)
+        self._compiler = x.GrammarCompiler(info, max_threads=max_threads,
+                                           cache_limit_bytes=cache_limit_bytes)
         self._lock = threading.Lock()  # one compile at a time keeps the cache consistent
 
     def compile(self, key: tuple[str, str, bool]) -> Any:

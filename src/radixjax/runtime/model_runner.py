@@ -168,19 +168,9 @@ class ModelRunner:
         self.config = config
         self.buckets = config.buckets
         self._inputs = None if layout is None else layout.replicated  # where step inputs go
-        pool_sharding = (None if layout is None
-                         else kv_sharding(layout, self.run_cfg, config.num_slots))
-        self.kv: KVPool = init_kv_pool(self.run_cfg, config.num_slots,
-                                       DTYPES[config.kv_dtype], pool_sharding)
-        rows = config.num_rows
-        # req_to_token on the device ([rows, table_width] int32): each step writes its new
-        # tokens' slots; a row is uploaded whole only when a batch says so (row_syncs).
-        self.req_to_token = jnp.zeros((rows, config.table_width), jnp.int32,
-                                      device=self._inputs)
-        # The future map: last sampled token per request row ([rows] int32).
-        self.last_tokens = jnp.zeros(rows, jnp.int32, device=self._inputs)
-        # Output-token counts per request row, for penalties ([rows, V] int32).
-        self.token_counts = jnp.zeros((rows, cfg.vocab_size), jnp.int32, device=self._inputs)
+        self._pool_sharding = pool_sharding = (
+            None if layout is None else kv_sharding(layout, self.run_cfg, config.num_slots))
+        self.reset_state()
         self.attention_backend = resolve_backend_name(config.attention_backend)
         statics = dict(cfg=self.run_cfg, backend=self.attention_backend,
                        page_size=config.page_size, layout=layout)
@@ -198,6 +188,24 @@ class ModelRunner:
         self._sync = jax.jit(_sync_row, donate_argnames="table")
         self._no_mask: dict[int, jax.Array] = {}  # all-ones grammar mask per B, on device
         self.programs = StepPrograms(self._step, self._example_args)
+
+    def reset_state(self) -> None:
+        """Fresh device state: an all-zero KV pool, req_to_token table, token buffer and
+        penalty counts (start-up, and recovery after a failed step, which may have
+        consumed its donated buffers)."""
+        config = self.config
+        self.kv: KVPool = init_kv_pool(self.run_cfg, config.num_slots,
+                                       DTYPES[config.kv_dtype], self._pool_sharding)
+        rows = config.num_rows
+        # req_to_token on the device ([rows, table_width] int32): each step writes its new
+        # tokens' slots; a row is uploaded whole only when a batch says so (row_syncs).
+        self.req_to_token = jnp.zeros((rows, config.table_width), jnp.int32,
+                                      device=self._inputs)
+        # The future map: last sampled token per request row ([rows] int32).
+        self.last_tokens = jnp.zeros(rows, jnp.int32, device=self._inputs)
+        # Output-token counts per request row, for penalties ([rows, V] int32).
+        self.token_counts = jnp.zeros((rows, self.cfg.vocab_size), jnp.int32,
+                                      device=self._inputs)
 
     # -- the step programs ----------------------------------------------------------------
 

@@ -10,6 +10,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
+# Sizes a request may not exceed: each stop string is matched on every step's new text,
+# each grammar is compiled (and cached) before the request runs.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 512  # per stop string
+MAX_GRAMMAR_CHARS = 128 * 1024  # a JSON schema's text, a regex, an EBNF grammar
 
 
 class SamplingParamsError(ValueError):
@@ -65,6 +70,10 @@ class SamplingParams:
         check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**31),
               f"seed must be an integer in [0, 2^31), got {self.seed!r}")
         check(all(isinstance(s, str) for s in self.stop), "stop must be strings")
+        check(len(self.stop) <= MAX_STOP_STRINGS,
+              f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
+        check(all(len(s) <= MAX_STOP_CHARS for s in self.stop),
+              f"a stop string may have at most {MAX_STOP_CHARS} characters")
         for name in ("frequency_penalty", "presence_penalty"):
             value = getattr(self, name)
             check(isinstance(value, int | float) and -2.0 <= value <= 2.0,
@@ -78,6 +87,8 @@ class SamplingParams:
         check(len(given) <= 1, f"give at most one of json_schema, regex, ebnf; got {given}")
         check(all(isinstance(getattr(self, k), str) for k in given),
               f"{', '.join(given)} must be a string")
+        check(all(len(getattr(self, k)) <= MAX_GRAMMAR_CHARS for k in given),
+              f"{', '.join(given)} may have at most {MAX_GRAMMAR_CHARS} characters")
         if self.json_schema is not None:
             try:
                 json.loads(self.json_schema)

@@ -4,22 +4,24 @@ whose scheduler runs on the same event loop (Engine(background=False))."""
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from radixjax.engine.engine import Engine, GenerateOutput, StreamChunk
-from radixjax.engine.scheduler import RequestError
+from radixjax.engine.scheduler import EngineError, RequestError
 from radixjax.sampling.params import SamplingParams, SamplingParamsError
 from radixjax.server.formats import (
     chat_chunk,
@@ -27,6 +29,14 @@ from radixjax.server.formats import (
     completion_chunk,
     completion_response,
     usage,
+)
+from radixjax.server.limits import (
+    Admission,
+    Limits,
+    Ticket,
+    check_prompt_chars,
+    longest_token_chars,
+    read_body,
 )
 from radixjax.server.metrics import ServerMetrics
 from radixjax.server.protocol import APIError, Parsed, bad, parse_chat, parse_completion
@@ -37,21 +47,55 @@ class ServerConfig:
     model_name: str
     api_key: str | None = None
     default_max_tokens: int = 256
+    enable_debug: bool = False  # POST /debug/inject_fault (tests of the supervision)
+    limits: Limits = field(default_factory=Limits)
+
+
+class ClientGone(Exception):
+    """The client of a non-streaming request disconnected; its requests were aborted."""
+
+
+async def while_connected(request: Request, work: Any) -> Any:
+    """Await `work` (a coroutine) unless the client disconnects first: then cancel it,
+    which aborts its engine requests and frees their KV."""
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+        gone.cancel()
+    if task.cancelled():
+        raise ClientGone()
+    return task.result()
+
+
+def engine_failed(e: EngineError) -> APIError:
+    return APIError(500, f"the engine failed while serving this request: {e}",
+                    type_="internal_error", code="engine_error")
 
 
 def create_app(engine: Engine, config: ServerConfig) -> Starlette:
     metrics = ServerMetrics()
     tok = engine.tokenizer
+    admission = Admission(config.limits.max_concurrent_requests)
+    longest_token = longest_token_chars(tok)
+    expected_auth = f"Bearer {config.api_key}".encode()
 
     def authorize(request: Request) -> None:
         if config.api_key is None:
             return
-        if request.headers.get("authorization", "") != f"Bearer {config.api_key}":
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, expected_auth):  # constant time
             raise APIError(401, "Incorrect or missing API key", type_="authentication_error",
                            code="invalid_api_key")
 
     async def read_json(request: Request) -> Any:
-        raw = await request.body()
+        raw = await read_body(request, config.limits.max_request_bytes)
         try:
             return json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -63,7 +107,14 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
                            "model", code="model_not_found")
 
     async def tokenize(p: Parsed) -> list[int]:
-        """Tokenization runs in a worker thread, off the scheduler's loop."""
+        """Tokenization runs in a worker thread, off the scheduler's loop; a text that
+        cannot fit the context is refused before it is tokenized."""
+        max_context = engine.config.max_context
+        if p.messages is not None:
+            check_prompt_chars(sum(len(m["content"]) for m in p.messages), longest_token,
+                               max_context)
+        elif isinstance(p.prompt, str):
+            check_prompt_chars(len(p.prompt), longest_token, max_context)
         if p.messages is not None:
             if tok is None or not getattr(tok, "chat_template", None):
                 raise bad("this model has no chat template")
@@ -94,6 +145,8 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
                 out = chunk.output or out
         except (RequestError, SamplingParamsError) as e:
             raise bad(str(e)) from e
+        except EngineError as e:
+            raise engine_failed(e) from e
         assert out is not None
         metrics.on_finished(out)
         return out
@@ -106,7 +159,8 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
     def sse(obj: Any) -> bytes:
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
 
-    async def stream_response(p: Parsed, ids: list[int], is_chat: bool) -> StreamingResponse:
+    async def stream_response(p: Parsed, ids: list[int], is_chat: bool,
+                              ticket: Ticket) -> StreamingResponse:
         rid = ("chatcmpl-" if is_chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         make = chat_chunk if is_chat else completion_chunk
@@ -143,6 +197,7 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
                 yield b"data: [DONE]\n\n"
             finally:
                 task.cancel()  # a client that went away aborts its requests
+                ticket.release()
 
         return StreamingResponse(body(), media_type="text/event-stream")
 
@@ -150,20 +205,36 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         parse = parse_chat if is_chat else parse_completion
         respond = chat_response if is_chat else completion_response
 
-        async def endpoint(request: Request) -> Response:
-            authorize(request)
+        async def endpoint(request: Request, ticket: Ticket) -> Response:
             body = await read_json(request)
             p = parse(body, config.default_max_tokens)
             check_model(body)
             ids = await tokenize(p)
             if p.stream:
-                return await stream_response(p, ids, is_chat=is_chat)
-            outs = await generate(p, ids)
+                return await stream_response(p, ids, is_chat, ticket)
+            outs = await while_connected(request, generate(p, ids))
             return JSONResponse(respond(config.model_name, outs, tok, p))
+        return admitted(endpoint)
+
+    def admitted(handler: Callable) -> Callable:
+        """A generation endpoint: counted in progress from here until its response (or its
+        stream) ends; past the limit, 503 with Retry-After."""
+        async def endpoint(request: Request) -> Response:
+            authorize(request)
+            ticket = admission.enter()
+            try:
+                response = await handler(request, ticket)
+            except BaseException:
+                ticket.release()
+                raise
+            if isinstance(response, StreamingResponse):  # its body releases; or this
+                response.background = BackgroundTask(ticket.release)
+            else:
+                ticket.release()
+            return response
         return endpoint
 
-    async def native_generate(request: Request) -> Response:
-        authorize(request)
+    async def native_generate(request: Request, ticket: Ticket) -> Response:
         body = await read_json(request)
         if not isinstance(body, dict) or set(body) - {"text", "input_ids", "sampling_params",
                                                       "stream", "rid"}:
@@ -202,18 +273,23 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
             return {"text": out_text, "output_ids": ids_so_far, "meta_info": meta}
 
         if not p.stream:
-            (out,) = await generate(p, ids)
+            (out,) = await while_connected(request, generate(p, ids))
             return JSONResponse(native(out.text or "", out, out.token_ids))
 
         async def body_iter() -> AsyncIterator[bytes]:
             text_so_far, ids_so_far = "", []
             metrics.requests.inc()
-            async for chunk in engine.generate_stream(ids, sp):
-                text_so_far += chunk.text
-                ids_so_far += chunk.token_ids
-                if chunk.output is not None:
-                    metrics.on_finished(chunk.output)
-                yield sse(native(text_so_far, chunk.output, ids_so_far))
+            try:
+                async for chunk in engine.generate_stream(ids, sp):
+                    text_so_far += chunk.text
+                    ids_so_far += chunk.token_ids
+                    if chunk.output is not None:
+                        metrics.on_finished(chunk.output)
+                    yield sse(native(text_so_far, chunk.output, ids_so_far))
+            except EngineError as e:
+                yield sse(engine_failed(e).body())
+            finally:
+                ticket.release()
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(body_iter(), media_type="text/event-stream")
@@ -225,12 +301,17 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
             "max_model_len": engine.config.max_context}]})
 
     async def health(request: Request) -> Response:
+        if not engine.healthy:
+            return PlainTextResponse("unhealthy", status_code=503)
         return PlainTextResponse("ok")
 
     async def health_generate(request: Request) -> Response:
         authorize(request)
-        out = await engine.agenerate([engine.model_config.bos_token_id or 0],
-                                     SamplingParams(max_new_tokens=1, temperature=0.0))
+        try:
+            out = await engine.agenerate([engine.model_config.bos_token_id or 0],
+                                         SamplingParams(max_new_tokens=1, temperature=0.0))
+        except EngineError:
+            return PlainTextResponse("failed", status_code=503)
         return PlainTextResponse("ok" if out.completion_tokens == 1 else "failed",
                                  status_code=200 if out.completion_tokens == 1 else 503)
 
@@ -246,15 +327,25 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
             return PlainTextResponse("Cache flushed.")
         raise bad("cannot flush the cache while requests are running")
 
+    async def inject_fault(request: Request) -> Response:
+        authorize(request)
+        if not config.enable_debug:
+            raise APIError(404, "Not Found", code="not_found")
+        engine.inject_fault()
+        return PlainTextResponse("the next step raises")
+
     async def metrics_endpoint(request: Request) -> Response:
         return Response(metrics.render(engine.stats()), media_type=metrics.content_type)
 
     async def api_error(request: Request, exc: APIError) -> Response:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
         return JSONResponse(APIError(exc.status_code, str(exc.detail)).body(),
                             status_code=exc.status_code)
+
+    async def client_gone(request: Request, exc: ClientGone) -> Response:
+        return Response(status_code=499)  # nobody reads it (nginx's "client closed")
 
     async def internal_error(request: Request, exc: Exception) -> Response:
         err = APIError(500, f"internal error: {type(exc).__name__}: {exc}",
@@ -273,12 +364,14 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/completions", openai_endpoint(is_chat=False), methods=["POST"]),
         Route("/v1/chat/completions", openai_endpoint(is_chat=True), methods=["POST"]),
-        Route("/generate", native_generate, methods=["POST"]),
+        Route("/generate", admitted(native_generate), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/health_generate", health_generate, methods=["GET"]),
         Route("/get_server_info", server_info, methods=["GET"]),
-        Route("/flush_cache", flush_cache, methods=["POST", "GET"]),
+        Route("/flush_cache", flush_cache, methods=["POST"]),  # state-changing: POST only
         Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/debug/inject_fault", inject_fault, methods=["POST"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={
-        APIError: api_error, HTTPException: http_error, Exception: internal_error})
+        APIError: api_error, HTTPException: http_error, ClientGone: client_gone,
+        Exception: internal_error})

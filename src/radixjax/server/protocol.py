@@ -11,10 +11,12 @@ from radixjax.sampling.params import MAX_TOP_LOGPROBS, SamplingParams, SamplingP
 
 class APIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None,
-                 type_: str = "invalid_request_error", code: str | None = None) -> None:
+                 type_: str = "invalid_request_error", code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.type, self.code = (
             status, message, param, type_, code)
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
