@@ -179,9 +179,10 @@ def test_max_new_tokens_is_clamped_to_the_context(engine) -> None:
 
 def test_an_abort_before_the_request_is_added_is_remembered(engine) -> None:
     req = engine._make_req(prompt(15, 5), GREEDY, 0)
-    seen: list[tuple] = []
-    req.on_tokens = lambda r, new, finished: seen.append((r.finish_reason, new, finished))
+    seen: list = []
+    req.on_chunk = seen.append
     engine._call(lambda: engine.scheduler.abort(req))
     engine._call(lambda: engine.scheduler.add_request(req))
-    assert seen == [("abort", [], True)]
+    assert [(c.finish_reason, c.token_ids) for c in seen] == [("abort", ())]
+    assert seen[0].output.completion_tokens == 0
     engine.check_integrity()

@@ -42,24 +42,18 @@ def test_text_generation_stop_string_and_stream(engine, smollm2) -> None:
 
     assert asyncio.run(stream()) == out.text
 
-    async def stream_with_stop() -> list[str]:
-        return [c.text async for c in engine.generate_stream(
+    async def stream_with_stop() -> list:
+        return [c async for c in engine.generate_stream(
             p, SamplingParams(max_new_tokens=16, temperature=0.0, stop=("Paris",)))]
 
-    pieces = asyncio.run(stream_with_stop())
-    assert "".join(pieces) == cut.text  # no piece of the stop string ever went out
+    chunks = asyncio.run(stream_with_stop())
+    assert "".join(c.text for c in chunks) == cut.text  # no piece of the stop string
+    # every token id reaches the stream, the stop string's own tokens included
+    assert [t for c in chunks for t in c.token_ids] == cut.token_ids
+    assert chunks[-1].finish_reason == "stop" and chunks[-1].output.text == cut.text
     engine.check_integrity()
     stats = engine.stats()
     assert stats["num_finished"] == 4 and stats["cache_hit_rate"] > 0.5
-
-
-def test_unstable_tail() -> None:
-    from radixjax.engine.engine import _unstable_tail
-
-    assert _unstable_tail("The capital is Pa", ("Paris",)) == 2
-    assert _unstable_tail("The capital is P", ("Paris", "is P")) == 4
-    assert _unstable_tail("caf\ufffd", ()) == 1
-    assert _unstable_tail("nothing here", ("Paris",)) == 0
 
 
 def test_one_shot_generate() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,15 +27,19 @@ def free_port() -> int:
 
 
 def start_server(extra: list[str] = ()) -> tuple[subprocess.Popen, str]:
+    # The server's output goes to a file, never an unread pipe: a pipe that fills up
+    # (64 KB of logs) would block the server's event loop on its next write.
+    log = tempfile.TemporaryFile("w+")
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "radixjax.launch_server", "--port", str(port), *SERVER_ARGS,
-         *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         *extra], stdout=log, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stdout.read()}")
+            log.seek(0)
+            raise RuntimeError(f"server exited: {log.read()[-4000:]}")
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
                 return proc, url

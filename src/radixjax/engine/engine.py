@@ -9,14 +9,14 @@ import concurrent.futures
 import itertools
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
 from radixjax.engine.config import EngineConfig
-from radixjax.engine.request import Req, ReqStats
+from radixjax.engine.output import GenerateOutput, StreamChunk
+from radixjax.engine.request import Req
 from radixjax.engine.scheduler import EngineError, RequestError, Scheduler
 from radixjax.grammar.backend import GrammarBackend, GrammarError
 from radixjax.loaders import load_model
@@ -30,30 +30,6 @@ from radixjax.sampling.params import SamplingParams
 
 T = TypeVar("T")
 Prompt = str | Sequence[int]
-
-
-@dataclass
-class GenerateOutput:
-    rid: str
-    text: str | None  # None when the engine has no tokenizer
-    token_ids: list[int]
-    finish_reason: str | None
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    stats: ReqStats | None = None
-
-
-@dataclass
-class StreamChunk:
-    text: str  # new text since the previous chunk ("" when the tokenizer is absent)
-    token_ids: list[int]  # new token ids
-    finish_reason: str | None = None
-    output: GenerateOutput | None = None  # set on the last chunk
-    logprobs: list[float] = field(default_factory=list)  # of this chunk's tokens
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 def runner_config_for(c: EngineConfig) -> RunnerConfig:
@@ -104,7 +80,7 @@ class Engine:
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             eos = tuple(sorted(set(eos) | {self.tokenizer.eos_token_id}))
         self.eos_token_ids = eos
-        self.scheduler = Scheduler(self.runner, self.config, eos)
+        self.scheduler = Scheduler(self.runner, self.config, eos, self.tokenizer)
         self._grammar: GrammarBackend | None = None  # built on the first constrained request
         self._grammar_lock = threading.Lock()
         self._ids = itertools.count()
@@ -224,30 +200,6 @@ class Engine:
             if r.sampling.grammar is not None:
                 r.grammar = self._grammar.matcher(compiled[r.sampling.grammar])
 
-    def _output(self, req: Req) -> GenerateOutput:
-        return GenerateOutput(
-            rid=req.rid, text=self._final_text(req), token_ids=list(req.output_ids),
-            finish_reason=req.finish_reason, prompt_tokens=len(req.prompt_ids),
-            cached_tokens=req.stats.cached_tokens, completion_tokens=len(req.output_ids),
-            logprobs=list(req.logprobs), top_logprobs=list(req.top_logprobs), stats=req.stats,
-        )
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def _final_text(self, req: Req) -> str | None:
-        if self.tokenizer is None:
-            return None
-        text = self._decode(req.output_ids)
-        cut = _first_stop(text, req.sampling.stop)
-        return text if cut is None else text[:cut]
-
-    def _check_stop_strings(self, req: Req) -> None:
-        """Called on the loop after each token: a stop string ends the request."""
-        if req.sampling.stop and self.tokenizer is not None:
-            if _first_stop(self._decode(req.output_ids), req.sampling.stop) is not None:
-                self.scheduler.finish(req, "stop")
-
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | dict | Sequence | None = None,
                  n: int = 1) -> GenerateOutput | list[GenerateOutput]:
@@ -276,7 +228,7 @@ class Engine:
         self._attach_grammars(reqs)  # on the caller's thread: never on the loop
         futures = [concurrent.futures.Future() for _ in reqs]
         for req, fut in zip(reqs, futures, strict=True):
-            req.on_tokens = self._on_tokens_for(fut)
+            req.on_chunk = self._on_chunk_for(fut)
 
         def submit() -> None:
             for req in reqs:  # all or nothing: validate first
@@ -288,17 +240,16 @@ class Engine:
         outs = [f.result() for f in futures]
         return outs[0] if single and n == 1 else outs
 
-    def _on_tokens_for(self, fut: concurrent.futures.Future) -> Callable:
-        def on_tokens(req: Req, new: list[int], finished: bool) -> None:
-            if not finished:
-                self._check_stop_strings(req)
-            elif fut.done():
-                pass
-            elif req.error is not None:
-                fut.set_exception(EngineError(req.error))
+    @staticmethod
+    def _on_chunk_for(fut: concurrent.futures.Future) -> Callable:
+        def on_chunk(chunk: StreamChunk) -> None:
+            if chunk.finish_reason is None or fut.done():
+                return
+            if chunk.error is not None:
+                fut.set_exception(EngineError(chunk.error))
             else:
-                fut.set_result(self._output(req))
-        return on_tokens
+                fut.set_result(chunk.output)
+        return on_chunk
 
     async def agenerate(self, prompt: Prompt,
                         sampling_params: SamplingParams | dict | None = None,
@@ -317,43 +268,26 @@ class Engine:
         character. Leaving the iteration early aborts the request and frees its KV.
         `index` offsets the seed (the i-th of n samples)."""
         caller = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple[list[int], bool]] = asyncio.Queue()
+        # One chunk per step of this request: bounded by its max_new_tokens, which the
+        # scheduler clamps to the context.
+        queue: asyncio.Queue[StreamChunk] = asyncio.Queue()
         req = self._make_req(self._tokenize(prompt), self._sampling(sampling_params), index)
-
-        def on_tokens(r: Req, new: list[int], finished: bool) -> None:
-            if not finished:
-                self._check_stop_strings(r)
-            caller.call_soon_threadsafe(queue.put_nowait, (new, finished))
-
-        req.on_tokens = on_tokens
+        req.on_chunk = lambda chunk: caller.call_soon_threadsafe(queue.put_nowait, chunk)
         if req.sampling.grammar is not None:
             await asyncio.to_thread(self._attach_grammars, [req])
         await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
             _as_coro(lambda: (self.scheduler.validate(req), self.scheduler.add_request(req))),
             self._loop))
-        sent = ""
-        num_sent = 0  # tokens whose logprobs went out
+        finished = False
         try:
-            while True:
-                new, finished = await queue.get()
-                text = ""
-                if self.tokenizer is not None:
-                    full = self._final_text(req) or ""
-                    if not finished:  # hold back what a later token may still change
-                        full = full[: len(full) - _unstable_tail(full, req.sampling.stop)]
-                    if len(full) > len(sent):
-                        text, sent = full[len(sent):], full
-                end = len(req.logprobs)
-                lps, tops = req.logprobs[num_sent:end], req.top_logprobs[num_sent:end]
-                num_sent = end
-                if finished:
-                    if req.error is not None:
-                        raise EngineError(req.error)
-                    yield StreamChunk(text, new, req.finish_reason, self._output(req), lps, tops)
-                    return
-                yield StreamChunk(text, new, None, None, lps, tops)
+            while not finished:
+                chunk = await queue.get()
+                finished = chunk.finish_reason is not None
+                if chunk.error is not None:
+                    raise EngineError(chunk.error)
+                yield chunk
         finally:
-            if req.finish_reason is None:
+            if not finished:  # the caller left early: abort (an early abort is remembered)
                 self._loop.call_soon_threadsafe(self.scheduler.abort, req)
 
     # -- introspection ----------------------------------------------------------------------
@@ -400,20 +334,6 @@ class Engine:
 
 async def _as_coro(fn: Callable[[], Any]) -> Any:
     return fn()
-
-
-def _unstable_tail(text: str, stops: tuple[str, ...]) -> int:
-    """Characters at the end of `text` not to stream yet: a partial UTF-8 character
-    (decoded as U+FFFD), or the start of a stop string that the next token may finish."""
-    if text.endswith("\ufffd"):
-        return len(text) - len(text.rstrip("\ufffd"))
-    return max((k for s in stops for k in range(min(len(s), len(text)), 0, -1)
-                if text.endswith(s[:k])), default=0)
-
-
-def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
-    cuts = [i for i in (text.find(s) for s in stops if s) if i >= 0]
-    return min(cuts) if cuts else None
 
 
 def generate(prompts: Prompt | Sequence[Prompt], model: str | Path | None = None,

@@ -45,8 +45,6 @@ class ReqStats:
         return (self.finished - self.first_token) / (self.completion_tokens - 1)
 
 
-# on_tokens(req, new_token_ids, finished) is called on the scheduler's loop.
-OnTokens = Callable[["Req", list[int], bool], None]
 
 
 @dataclass(eq=False)
@@ -60,7 +58,7 @@ class Req:
     sampling: SamplingParams
     seed: int
     namespace: Hashable | None = None
-    on_tokens: OnTokens | None = None
+    on_chunk: Callable[[Any], None] | None = None  # gets each StreamChunk, on the loop
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
@@ -78,6 +76,7 @@ class Req:
     needs_count_reset: bool = False  # set at admission: the penalty counts start over
     row_synced: bool = False  # the device req_to_token row holds this request's slots
     grammar: Any = None  # grammar/xgr.Matcher of a constrained request (engine/constrained.py)
+    out: Any = None  # engine/output.RequestOutput, set when the scheduler takes the request
     stats: ReqStats = field(default_factory=ReqStats)
 
     @property

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from radixjax.cache.manager import KVCacheManager
 from radixjax.cache.req_to_token import ReqToTokenPool
 from radixjax.engine.config import EngineConfig
 from radixjax.engine.constrained import build_token_mask, jump_forward, waits_for_host
+from radixjax.engine.output import RequestOutput
 from radixjax.engine.policy import SchedulePolicy, match_tokens
 from radixjax.engine.request import Req, ReqState
 from radixjax.engine.stats import EngineStats
@@ -65,8 +67,10 @@ class Scheduler:
     only from the loop that runs `run_forever` (or drive `run_once` by hand)."""
 
     def __init__(self, runner: ModelRunner, cfg: EngineConfig,
-                 eos_token_ids: tuple[int, ...]) -> None:
+                 eos_token_ids: tuple[int, ...], tokenizer: Any = None) -> None:
+        """tokenizer: the output stage's (text and stop strings); None: token ids only."""
         self.runner = runner
+        self.tokenizer = tokenizer
         self.cfg = cfg
         self.eos_token_ids = eos_token_ids
         self._fresh_accounting()
@@ -99,6 +103,7 @@ class Scheduler:
         if req.sampling.max_new_tokens > room:  # as SGLang and vLLM: up to the context
             req.sampling = replace(req.sampling, max_new_tokens=room)
         self.stats.num_requests += 1
+        req.out = RequestOutput(self.tokenizer, req.sampling.stop)
         if req.is_aborted:  # aborted before it got here: remembered, never run
             self._mark_finished(req, "abort")
             return
@@ -126,8 +131,9 @@ class Scheduler:
         elif req.state is ReqState.RUNNING:
             self.finish(req, "abort")
 
-    def finish(self, req: Req, reason: str) -> None:
-        """End a running request now; its KV is cached (or freed when the cache is off)."""
+    def finish(self, req: Req, reason: str, new: list[int] = (), text: str = "") -> None:
+        """End a running request now; its KV is cached (or freed when the cache is off).
+        new / text: the last step's ids and text, for the last chunk."""
         if req.state is not ReqState.RUNNING:
             return
         self.running.remove(req)
@@ -138,15 +144,17 @@ class Scheduler:
             self.kvm.release(req.slots, req.last_node, req.num_cached)
         self.rows.free(req.row)
         req.row, req.slots, req.last_node = -1, req.slots[:0], None
-        self._mark_finished(req, reason)
+        self._mark_finished(req, reason, new, text)
 
-    def _mark_finished(self, req: Req, reason: str) -> None:
+    def _mark_finished(self, req: Req, reason: str, new: list[int] = (),
+                       text: str = "") -> None:
+        """The one exit of every request: its reason set, its last chunk emitted."""
         req.state = ReqState.FINISHED
         req.finish_reason = reason
         req.stats.finished = self.stats.now()
         self.stats.on_finished(req)
-        if req.on_tokens is not None:
-            req.on_tokens(req, [], True)
+        if req.on_chunk is not None:
+            req.on_chunk(req.out.last_chunk(req, list(new), text))
 
     @property
     def has_work(self) -> bool:
@@ -461,13 +469,12 @@ class Scheduler:
                 r.stats.first_token = now
             r.stats.completion_tokens = len(r.output_ids)
             self.stats.num_generated_tokens += len(new)
-            if r.on_tokens is not None:
-                r.on_tokens(r, new, False)
-            if r.state is not ReqState.RUNNING:
-                continue  # the callback ended it (a stop string)
+            text = r.out.push(new)  # may find a stop string
             reason = self._finish_reason(r, token)
             if reason is not None:
-                self.finish(r, reason)
+                self.finish(r, reason, new, text)
+            elif r.on_chunk is not None:
+                r.on_chunk(r.out.chunk(r, new, text))
 
     def _jump_forward(self, r: Req) -> list[int]:
         """After r's sampled token was accepted: the tokens its grammar forces next, with
@@ -488,7 +495,11 @@ class Scheduler:
         return tokens
 
     def _finish_reason(self, r: Req, token: int) -> str | None:
+        """Whether r ends after this step's `token` (the one place a step's outcome
+        decides it; aborts, errors and a full pool end requests from outside a step)."""
         sp = r.sampling
+        if r.out.stopped:  # a stop string in the text (output stage)
+            return "stop"
         if r.grammar is not None and r.grammar.is_terminated:
             return "stop"
         if token in sp.stop_token_ids or (not sp.ignore_eos and token in self.eos_token_ids):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -66,10 +67,10 @@ async def while_connected(request: Request, work: Any) -> Any:
     try:
         await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        if not task.done():
-            task.cancel()
         gone.cancel()
-    if task.cancelled():
+        if not task.done():
+            task.cancel()  # the client left (or this handler was cancelled)
+    if not task.done():
         raise ClientGone()
     return task.result()
 
@@ -317,7 +318,9 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
 
     async def server_info(request: Request) -> Response:
         authorize(request)
-        return JSONResponse({"model": config.model_name, "engine": asdict(engine.config),
+        return JSONResponse({"model": config.model_name, "pid": os.getpid(),
+                             "num_internal_errors": metrics.num_internal_errors,
+                             "engine": asdict(engine.config),
                              "model_config": asdict(engine.model_config),
                              "stats": engine.stats()})
 
@@ -348,6 +351,7 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         return Response(status_code=499)  # nobody reads it (nginx's "client closed")
 
     async def internal_error(request: Request, exc: Exception) -> Response:
+        metrics.on_internal_error()
         err = APIError(500, f"internal error: {type(exc).__name__}: {exc}",
                        type_="internal_error")
         return JSONResponse(err.body(), status_code=500)

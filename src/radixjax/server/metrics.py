@@ -34,9 +34,17 @@ class ServerMetrics:
         self.throughput = Gauge(p + "gen_throughput", "Generated tokens/s since start",
                                 registry=r)
         self.programs = Gauge(p + "num_step_programs", "Step programs compiled", registry=r)
+        self.internal_errors = Counter(p + "internal_errors",
+                                       "Exceptions the server did not expect (HTTP 500s)",
+                                       registry=r)
+        self.num_internal_errors = 0  # the same count, for /get_server_info
         self.late_compiles = Gauge(p + "num_late_compiles",
                                    "Step programs compiled after warm-up (should stay 0)",
                                    registry=r)
+
+    def on_internal_error(self) -> None:
+        self.internal_errors.inc()
+        self.num_internal_errors += 1
 
     def observe_token(self, seconds: float, first: bool) -> None:
         (self.ttft if first else self.itl).observe(seconds)

@@ -1,0 +1,106 @@
+"""The output stage: what a request's consumer sees. Built on the scheduler's loop once
+per step and handed over as immutable values, so consumers (Engine.generate, streams,
+the HTTP server) never read a `Req` the scheduler is still changing.
+
+    a step's new token ids -> IncrementalDetokenizer -> StopMatcher -> StreamChunk
+    the request ends        -> held-back text flushed; the last chunk carries the
+                               GenerateOutput (or the engine's error)
+
+Cost per step follows the new tokens (engine/detokenizer.py), not the output so far.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from radixjax.engine.detokenizer import IncrementalDetokenizer, StopMatcher
+
+if TYPE_CHECKING:
+    from radixjax.engine.request import Req, ReqStats
+
+TopLogprobs = list[tuple[int, float]]
+
+
+@dataclass(frozen=True)
+class GenerateOutput:
+    rid: str
+    text: str | None  # None when the engine has no tokenizer
+    token_ids: list[int]
+    finish_reason: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[TopLogprobs] = field(default_factory=list)
+    stats: ReqStats | None = None
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    text: str  # new text since the previous chunk ("" when the tokenizer is absent)
+    token_ids: tuple[int, ...]  # new token ids
+    finish_reason: str | None = None
+    output: GenerateOutput | None = None  # set on the last chunk (unless error)
+    logprobs: tuple[float, ...] = ()  # of this chunk's tokens
+    top_logprobs: tuple[TopLogprobs, ...] = ()
+    error: str | None = None  # the engine failed this request (finish_reason "error")
+
+
+OnChunk = Callable[[StreamChunk], None]  # called on the scheduler's loop
+
+
+class RequestOutput:
+    """One request's output state: its detokenizer and stop matcher, the text emitted,
+    how many logprobs went out. Owned by the scheduler."""
+
+    def __init__(self, tokenizer: Any, stops: tuple[str, ...]) -> None:
+        self._detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
+        self._stops = StopMatcher(stops)
+        self._text: list[str] = []
+        self._num_logprobs = 0
+        self.stopped = False  # a stop string ended the text (nothing after it is shown)
+
+    def push(self, new: list[int]) -> str:
+        """A step's new ids -> the text they make safe to show."""
+        if self._detok is None or self.stopped:
+            return ""
+        text, self.stopped = self._stops.push(self._detok.push(new))
+        self._text.append(text)
+        return text
+
+    def flush(self) -> str:
+        """At the end: the text still held back (a partial character, a possible stop
+        start); nothing after a stop string."""
+        if self._detok is None or self.stopped:
+            return ""
+        text, self.stopped = self._stops.push(self._detok.flush())
+        if not self.stopped:
+            text += self._stops.flush()
+        self._text.append(text)
+        return text
+
+    def chunk(self, req: Req, new: list[int], text: str) -> StreamChunk:
+        """A chunk of a running request (its finish_reason still None)."""
+        return StreamChunk(text, tuple(new), None, None, *self._new_logprobs(req))
+
+    def last_chunk(self, req: Req, new: list[int], text: str) -> StreamChunk:
+        """The chunk that ends `req` (finish_reason set): held-back text included."""
+        text += self.flush()
+        lps, tops = self._new_logprobs(req)
+        if req.error is not None:
+            return StreamChunk(text, tuple(new), req.finish_reason, None, lps, tops,
+                               error=req.error)
+        out = GenerateOutput(
+            rid=req.rid, text="".join(self._text) if self._detok is not None else None,
+            token_ids=list(req.output_ids), finish_reason=req.finish_reason,
+            prompt_tokens=len(req.prompt_ids), cached_tokens=req.stats.cached_tokens,
+            completion_tokens=len(req.output_ids), logprobs=list(req.logprobs),
+            top_logprobs=list(req.top_logprobs), stats=req.stats,
+        )
+        return StreamChunk(text, tuple(new), req.finish_reason, out, lps, tops)
+
+    def _new_logprobs(self, req: Req) -> tuple[tuple, tuple]:
+        start, self._num_logprobs = self._num_logprobs, len(req.logprobs)
+        return (tuple(req.logprobs[start:]), tuple(req.top_logprobs[start:]))
