@@ -264,9 +264,11 @@ class Engine:
     async def generate_stream(self, prompt: Prompt,
                               sampling_params: SamplingParams | dict | None = None,
                               index: int = 0) -> AsyncIterator[StreamChunk]:
-        """Stream one request's output as text deltas that never split a UTF-8
-        character. Leaving the iteration early aborts the request and frees its KV.
-        `index` offsets the seed (the i-th of n samples)."""
+        """Stream one request's output as immutable chunks (engine/output.py): text
+        deltas that never split a UTF-8 character or show part of a stop string, the new
+        ids and their logprobs; the last chunk carries the GenerateOutput. Raises
+        EngineError if the engine fails the request. Leaving the iteration early aborts
+        the request and frees its KV. `index` offsets the seed (the i-th of n samples)."""
         caller = asyncio.get_running_loop()
         # One chunk per step of this request: bounded by its max_new_tokens, which the
         # scheduler clamps to the context.
