@@ -74,6 +74,13 @@ def test_n_seed_stop_and_logprobs(client) -> None:
                                           temperature=0, stop=["Paris"])
     assert stop.choices[0].finish_reason == "stop"
     assert "Paris" not in stop.choices[0].message.content
+    # streamed with the same stop string: the same text (no piece of "Paris" was sent)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION,
+                                                 max_tokens=12, temperature=0, stop=["Paris"],
+                                                 stream=True))
+    deltas = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert "".join(deltas) == stop.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
     lp = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4,
                                         temperature=0, logprobs=True, top_logprobs=3)
     content = lp.choices[0].logprobs.content
