@@ -34,12 +34,15 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=self._skip)
 
+    def _pending(self) -> tuple[str, str]:
+        """(the emitted context decoded alone, the context and the new ids decoded)."""
+        prefix = self._decode(self._ids[self._prefix_offset:self._read_offset])
+        return prefix, self._decode(self._ids[self._prefix_offset:])
+
     def push(self, token_ids: list[int]) -> str:
         """The text the new tokens complete (may be "": a partial character)."""
         self._ids.extend(token_ids)
-        window = self._ids[self._prefix_offset:]
-        prefix = self._decode(self._ids[self._prefix_offset:self._read_offset])
-        text = self._decode(window)
+        prefix, text = self._pending()
         if len(text) <= len(prefix) or text.endswith(REPLACEMENT):
             return ""
         self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
@@ -48,8 +51,7 @@ class IncrementalDetokenizer:
     def flush(self) -> str:
         """At the end: whatever is held back (a trailing partial character decodes as
         U+FFFD, as a full decode would)."""
-        prefix = self._decode(self._ids[self._prefix_offset:self._read_offset])
-        text = self._decode(self._ids[self._prefix_offset:])
+        prefix, text = self._pending()
         self._prefix_offset = self._read_offset = len(self._ids)
         return text[len(prefix):]
 

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from radixjax.sampling.params import SamplingParams
+
+if TYPE_CHECKING:  # output.py refers back to Req
+    from radixjax.engine.output import OnChunk, RequestOutput
 
 
 class ReqState(Enum):
@@ -58,7 +61,7 @@ class Req:
     sampling: SamplingParams
     seed: int
     namespace: Hashable | None = None
-    on_chunk: Callable[[Any], None] | None = None  # gets each StreamChunk, on the loop
+    on_chunk: OnChunk | None = None  # gets each StreamChunk, on the scheduler's loop
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
@@ -76,7 +79,7 @@ class Req:
     needs_count_reset: bool = False  # set at admission: the penalty counts start over
     row_synced: bool = False  # the device req_to_token row holds this request's slots
     grammar: Any = None  # grammar/xgr.Matcher of a constrained request (engine/constrained.py)
-    out: Any = None  # engine/output.RequestOutput, set when the scheduler takes the request
+    out: RequestOutput | None = None  # set when the scheduler takes the request
     stats: ReqStats = field(default_factory=ReqStats)
 
     @property

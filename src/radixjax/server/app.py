@@ -114,9 +114,6 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         if p.messages is not None:
             check_prompt_chars(sum(len(m["content"]) for m in p.messages), longest_token,
                                max_context)
-        elif isinstance(p.prompt, str):
-            check_prompt_chars(len(p.prompt), longest_token, max_context)
-        if p.messages is not None:
             if tok is None or not getattr(tok, "chat_template", None):
                 raise bad("this model has no chat template")
 
@@ -127,6 +124,7 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
             return await asyncio.to_thread(render)
         if isinstance(p.prompt, list):
             return p.prompt
+        check_prompt_chars(len(p.prompt), longest_token, max_context)
         if tok is None:
             raise bad("this model has no tokenizer: send token ids")
         return await asyncio.to_thread(lambda: tok(p.prompt).input_ids)
