@@ -33,8 +33,7 @@ class MixConfig:
     seed: int = 7
 
 
-def _request(rng: random.Random, cfg: MixConfig) -> tuple[str, dict]:
-    kind = rng.choice(KINDS)
+def _request(rng: random.Random, cfg: MixConfig, kind: str) -> tuple[str, dict]:
     body: dict = {"model": cfg.model, "max_tokens": rng.choice([1, 8, 24])}
     words = rng.choice(cfg.prompt_words)
     msgs = [{"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(words))}]
@@ -82,7 +81,10 @@ async def run_mix(url: str, cfg: MixConfig) -> dict[str, int]:
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
                                 timeout=900)
     kinds: dict[str, int] = {}
-    pending = [_request(rng, cfg) for _ in range(cfg.num_requests)]
+    # one of each kind first (in random order), then kinds at random
+    extra = max(cfg.num_requests - len(KINDS), 0)
+    sent = rng.sample(KINDS, len(KINDS)) + [rng.choice(KINDS) for _ in range(extra)]
+    pending = [_request(rng, cfg, k) for k in sent[: cfg.num_requests]]
     while pending:  # waves of 1 .. max_concurrency concurrent requests
         wave = pending[: rng.randint(1, cfg.max_concurrency)]
         pending = pending[len(wave):]

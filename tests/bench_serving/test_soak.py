@@ -13,7 +13,7 @@ from tests.server.conftest import MODEL
 
 
 def test_short_soak_leaks_nothing_and_keeps_greedy_answers(server: str) -> None:
-    report = asyncio.run(run_soak(server, MODEL, duration=20, concurrency=16, seed=3))
+    report = asyncio.run(run_soak(server, MODEL, duration=12, concurrency=16, seed=3))
     print(f"soak: {sum(report.statuses.values())} requests, rss "
           f"{report.rss_before_mb:.0f} -> {report.rss_after_mb:.0f} MB, "
           f"{dict(report.statuses)}")

@@ -36,7 +36,9 @@ def layout(tp: int, ep: int = 1) -> Layout:
 
 
 def run_logits(cfg, params, lay: Layout | None, backend: str = "native") -> np.ndarray:
-    """A ragged prefill of 3 prompts then 2 batched decode steps; all logits stacked."""
+    """A ragged prefill of 3 prompts, then one mixed step: their 3 decodes beside a 4th
+    prompt's prefill; all logits stacked. Both steps fill the same 32-token bucket, so
+    each layout compiles one program."""
     runner = tiny_runner(cfg, params, num_slots=128, max_batch_tokens=32, max_context=32,
                          attention_backend=backend)
     if lay is not None:
@@ -45,16 +47,16 @@ def run_logits(cfg, params, lay: Layout | None, backend: str = "native") -> np.n
     slots = ScatteredSlots(128, seed=1)
     rng = np.random.default_rng(0)
     seqs = [list(rng.integers(3, cfg.vocab_size, n)) for n in (5, 9, 3)]
-    rows = [slots.take(len(s) + 2) for s in seqs]
-    out = [runner.all_logits(build_batch(
-        [RequestSlice(np.array(s, np.int32), r[: len(s)]) for s, r in zip(seqs, rows, strict=True)],
-        runner.buckets))]
-    for step in range(2):
-        new = rng.integers(3, cfg.vocab_size, len(seqs))
-        out.append(runner.all_logits(build_batch(
-            [RequestSlice(np.array([t], np.int32), r[: len(s) + step + 1])
-             for s, r, t in zip(seqs, rows, new, strict=True)], runner.buckets)))
-    return np.concatenate(out)
+    rows = [slots.take(len(s) + 1) for s in seqs]
+    prefill = [RequestSlice(np.array(s, np.int32), r[: len(s)])
+               for s, r in zip(seqs, rows, strict=True)]
+    decode = [RequestSlice(np.array([t], np.int32), r)
+              for r, t in zip(rows, rng.integers(3, cfg.vocab_size, len(seqs)), strict=True)]
+    late = RequestSlice(rng.integers(3, cfg.vocab_size, 14).astype(np.int32), slots.take(14))
+    batches = [build_batch(prefill, runner.buckets),
+               build_batch([*decode, late], runner.buckets)]
+    assert {b.shape.num_tokens for b in batches} == {32}
+    return np.concatenate([runner.all_logits(b) for b in batches])
 
 
 def check_logits(root: Path, layouts: dict[str, tuple]) -> dict[str, float]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 
 import jax
 import jax.numpy as jnp
@@ -145,6 +145,29 @@ def _all_logits(
     return logits, kv, table
 
 
+@cache
+def _jitted(cfg: ModelConfig, backend: str, page_size: int, layout: Layout | None,
+            pool_sharding: jax.sharding.Sharding | None) -> tuple:
+    """(step, all_logits, sync_row) jitted for these statics. Memoized: runners with equal
+    statics share the jitted functions, so JAX's in-memory caches (trace, lowering,
+    executable) serve a second runner in this process without tracing or loading again
+    (an engine restarted in a notebook, the test suite's many engines)."""
+    statics = dict(cfg=cfg, backend=backend, page_size=page_size, layout=layout)
+    # Sharded: pin where the state comes back (as it went in), or XLA may return, say,
+    # the counts split like the vocab-sharded logits and the next step's program would
+    # refuse them.
+    step_out, logits_out = {}, {}
+    if layout is not None:
+        rep = layout.replicated
+        step_out = dict(out_shardings=(rep, pool_sharding, rep, rep, rep))
+        logits_out = dict(out_shardings=(rep, pool_sharding, rep))
+    step = jax.jit(partial(_step, **statics), **step_out,
+                   donate_argnames=("kv", "table", "last_tokens", "counts"))
+    logits = jax.jit(partial(_all_logits, **statics), **logits_out,
+                     donate_argnames=("kv", "table"))
+    return step, logits, jax.jit(_sync_row, donate_argnames="table")
+
+
 class ModelRunner:
     """Mutates only its device state (`kv`, `req_to_token`, the token buffer, the penalty
     counts), each replaced by the donated step's output.
@@ -172,20 +195,8 @@ class ModelRunner:
             None if layout is None else kv_sharding(layout, self.run_cfg, config.num_slots))
         self.reset_state()
         self.attention_backend = resolve_backend_name(config.attention_backend)
-        statics = dict(cfg=self.run_cfg, backend=self.attention_backend,
-                       page_size=config.page_size, layout=layout)
-        # Sharded: pin where the state comes back (as it went in), or XLA may return, say,
-        # the counts split like the vocab-sharded logits and the next step's program
-        # would refuse them.
-        rep, step_out, logits_out = self._inputs, {}, {}
-        if layout is not None:
-            step_out = dict(out_shardings=(rep, pool_sharding, rep, rep, rep))
-            logits_out = dict(out_shardings=(rep, pool_sharding, rep))
-        self._step = jax.jit(partial(_step, **statics), **step_out,
-                             donate_argnames=("kv", "table", "last_tokens", "counts"))
-        self._logits = jax.jit(partial(_all_logits, **statics), **logits_out,
-                               donate_argnames=("kv", "table"))
-        self._sync = jax.jit(_sync_row, donate_argnames="table")
+        self._step, self._logits, self._sync = _jitted(
+            self.run_cfg, self.attention_backend, config.page_size, layout, pool_sharding)
         self._no_mask: dict[int, jax.Array] = {}  # all-ones grammar mask per B, on device
         self.programs = StepPrograms(self._step, self._example_args)
 
