@@ -56,12 +56,25 @@ def smollm2():
 
 
 @pytest.fixture(scope="session")
-def server():
+def background_servers():
+    """name -> tests.server.conftest.Launched: server processes started ahead of the tests
+    that use them; all stopped at the end of the session."""
+    launched: dict = {}
+    yield launched
+    for server in launched.values():
+        server.proc.terminate()
+        server.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def server(background_servers):
     """One warmed real server (SmolLM2) that every server-level test shares; after all of
-    them nothing compiled late and no request holds KV."""
-    from tests.server.conftest import running_server, wait_idle
+    them nothing compiled late and no request holds KV. Once it is up (its step programs
+    are then in the compile cache), the second, limited server starts in the background."""
+    from tests.server.conftest import LIMITED_ARGS, launch_server, running_server, wait_idle
 
     with running_server(["--enable-debug-endpoints", "--max-request-bytes", "1000000"]) as url:
+        background_servers.setdefault("limited", launch_server(LIMITED_ARGS))
         yield url
         stats = wait_idle(url)
         assert stats["num_late_compiles"] == 0, "a step compiled after warm-up"

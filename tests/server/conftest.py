@@ -9,6 +9,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import IO, NamedTuple
 
 import httpx
 import pytest
@@ -26,7 +27,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(extra: list[str] = ()) -> tuple[subprocess.Popen, str]:
+class Launched(NamedTuple):
+    proc: subprocess.Popen
+    url: str
+    log: IO[str]
+
+
+def launch_server(extra: list[str] = ()) -> Launched:
+    """Start a server process; `wait_healthy` waits for it."""
     # The server's output goes to a file, never an unread pipe: a pipe that fills up
     # (64 KB of logs) would block the server's event loop on its next write.
     log = tempfile.TemporaryFile("w+")
@@ -34,7 +42,11 @@ def start_server(extra: list[str] = ()) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "radixjax.launch_server", "--port", str(port), *SERVER_ARGS,
          *extra], stdout=log, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
+    return Launched(proc, f"http://127.0.0.1:{port}", log)
+
+
+def wait_healthy(server: Launched) -> tuple[subprocess.Popen, str]:
+    proc, url, log = server
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -47,6 +59,10 @@ def start_server(extra: list[str] = ()) -> tuple[subprocess.Popen, str]:
             time.sleep(0.5)
     proc.kill()
     raise RuntimeError("server did not become healthy")
+
+
+def start_server(extra: list[str] = ()) -> tuple[subprocess.Popen, str]:
+    return wait_healthy(launch_server(extra))
 
 
 @contextmanager
@@ -71,8 +87,14 @@ def wait_idle(url: str, timeout: float = 30.0) -> dict:
         time.sleep(0.2)
 
 
+LIMITED_ARGS = ["--api-key", "s3cret", "--max-concurrent-requests", "1"]
+
+
 @pytest.fixture(scope="session")
-def limited_server() -> Iterator[str]:
-    """A second server: an API key ("s3cret") and one request in progress at most."""
-    with running_server(["--api-key", "s3cret", "--max-concurrent-requests", "1"]) as url:
-        yield url
+def limited_server(background_servers: dict) -> Iterator[str]:
+    """A second server: an API key ("s3cret") and one request in progress at most.
+    Launched in the background once the shared server is up (tests/conftest.py), so its
+    start-up overlaps other tests."""
+    launched = background_servers.get("limited") or launch_server(LIMITED_ARGS)
+    background_servers["limited"] = launched
+    yield wait_healthy(launched)[1]
