@@ -23,11 +23,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_serving import workloads as wl  # noqa: E402
+from bench_serving.client import served_model  # noqa: E402
 from bench_serving.report import format_metrics, plot_run, result_json, write_json  # noqa: E402
 from bench_serving.runner import RunConfig, run_workload  # noqa: E402
 
@@ -123,12 +122,6 @@ def load_tokenizer(path: str | None) -> Any:
     if tok is None:
         raise SystemExit(f"no tokenizer in {p}")
     return tok
-
-
-def served_model(base_url: str) -> str:
-    r = httpx.get(base_url + "/v1/models", timeout=30)
-    r.raise_for_status()
-    return r.json()["data"][0]["id"]
 
 
 async def benchmark(args: argparse.Namespace, tok: Any) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import argparse
 import asyncio
 import time
 
-import httpx
+from bench_serving.client import served_model
 from bench_serving.soak import run_soak
 
 
@@ -27,7 +27,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    model = httpx.get(args.base_url + "/v1/models").json()["data"][0]["id"]
+    model = served_model(args.base_url)
     t = time.perf_counter()
     r = asyncio.run(run_soak(args.base_url, model, args.duration, args.concurrency, args.seed))
     print(f"{sum(r.statuses.values())} requests in {time.perf_counter() - t:.0f} s "

@@ -17,6 +17,7 @@ import asyncio
 import time
 
 import httpx
+from bench_serving.client import served_model
 from bench_serving.traffic_mix import MixConfig, run_mix
 
 
@@ -32,7 +33,7 @@ def main() -> None:
     ap.add_argument("--max-concurrency", type=int, default=32)
     ap.add_argument("--seed", type=int, default=11)
     args = ap.parse_args()
-    model = httpx.get(args.base_url + "/v1/models").json()["data"][0]["id"]
+    model = served_model(args.base_url)
     cfg = MixConfig(model=model, num_requests=args.num_requests,
                     max_concurrency=args.max_concurrency,
                     prompt_words=(1, 5, 40, 300, 1000, 2000), long_max_tokens=5000,

@@ -31,13 +31,10 @@ def test_cli_tp_and_ep_give_the_single_device_text(tmp_path) -> None:
     the greedy text equals the single-device text, and a bad layout is a clear error."""
     import os
 
-    from tests.tiny_models import save_char_tokenizer, save_tiny_model
+    from tests.tiny_models import EIGHT_CPU_DEVICES_XLA_FLAGS, save_char_tokenizer, save_tiny_model
 
     folder = save_char_tokenizer(save_tiny_model("qwen3_moe", tmp_path / "m"))
-    # the tiny model is compile-bound: XLA's backend optimisation off (speed only)
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=8 "
-                         "--xla_backend_optimization_level=0")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=EIGHT_CPU_DEVICES_XLA_FLAGS)
 
     def cli(*flags: str) -> subprocess.Popen:
         return subprocess.Popen(

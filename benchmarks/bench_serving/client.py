@@ -16,6 +16,13 @@ from typing import Any
 import httpx
 
 
+def served_model(base_url: str) -> str:
+    """The first model id the server lists at GET /v1/models."""
+    r = httpx.get(base_url + "/v1/models", timeout=30)
+    r.raise_for_status()
+    return r.json()["data"][0]["id"]
+
+
 @dataclass
 class RequestRecord:
     """Times are seconds on time.perf_counter(). `chunk_times` are the arrival times of

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.tiny_models import EIGHT_CPU_DEVICES_XLA_FLAGS
+
 pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,12 +22,9 @@ TOL = 1e-5
 
 
 def start_checks(part: str, out_dir: Path) -> subprocess.Popen:
-    """The check subprocess for one part; its stdout and stderr go to files in out_dir.
-    XLA's backend optimisation is off there: these tiny models are compile-bound (~1/3
-    less compile time) and the flag changes speed only, never the numbers."""
+    """The check subprocess for one part; its stdout and stderr go to files in out_dir."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
-               XLA_FLAGS="--xla_force_host_platform_device_count=8 "
-                         "--xla_backend_optimization_level=0")
+               XLA_FLAGS=EIGHT_CPU_DEVICES_XLA_FLAGS)
     with open(out_dir / "stdout", "w") as out, open(out_dir / "stderr", "w") as err:
         return subprocess.Popen(
             [sys.executable, "-m", "tests.parallel.sharded_checks", str(out_dir), part],

@@ -92,10 +92,11 @@ def _decode(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, md: AttentionMet
         first = jnp.where(is_decode, jnp.maximum(kv_len - window, 0), jnp.iinfo(jnp.int32).max)
         lo = jnp.minimum(jnp.min(first) // block_k, hi)
     block_diagonal = num_kv_heads <= BLOCK_DIAGONAL_MAX_KV_HEADS
-    eye = jnp.eye(num_kv_heads, dtype=jnp.float32)[:, None, :, None]  # [Hkv, 1, Hkv, 1]
-    width = num_kv_heads * head_dim
-    # [B, Hq, Hkv * Dh]: query head (h, g) is zero outside KV head h's columns
-    qbd = (eye * qd[:, :, :, None, :]).reshape(b, num_q_heads, width)
+    if block_diagonal:
+        eye = jnp.eye(num_kv_heads, dtype=jnp.float32)[:, None, :, None]  # [Hkv, 1, Hkv, 1]
+        width = num_kv_heads * head_dim
+        # [B, Hq, Hkv * Dh]: query head (h, g) is zero outside KV head h's columns
+        qbd = (eye * qd[:, :, :, None, :]).reshape(b, num_q_heads, width)
 
     def body(j: jax.Array, carry: tuple) -> tuple:
         cols = j * block_k + jnp.arange(block_k, dtype=jnp.int32)  # [BK]
