@@ -91,11 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         dtype=args.dtype, attention_backend=args.attention_backend, tp=args.tp, ep=args.ep,
         warmup=not args.no_warmup,  # every step program, before /health answers
     )
-    name = args.served_model_name or os.path.basename(
-        str(args.model or default_model_path())).removesuffix(".gguf")
+    path = str(args.model or default_model_path())
+    name = args.served_model_name or os.path.basename(path).removesuffix(".gguf")
     app = create_app(engine, ServerConfig(
         name, args.api_key, args.default_max_tokens, args.enable_debug_endpoints,
-        Limits(args.max_request_bytes, args.max_concurrent_requests)))
+        Limits(args.max_request_bytes, args.max_concurrent_requests), model_path=path))
     print(f"radixjax: serving {name} on http://{args.host}:{args.port} "
           f"(ready in {time.perf_counter() - t0:.0f}s, "
           f"{engine.runner.num_programs} step programs)", file=sys.stderr, flush=True)

@@ -186,3 +186,52 @@ def test_an_abort_before_the_request_is_added_is_remembered(engine) -> None:
     assert [(c.finish_reason, c.token_ids) for c in seen] == [("abort", ())]
     assert seen[0].output.completion_tokens == 0
     engine.check_integrity()
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    shifted = x - x.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def test_prompt_logprobs_equal_full_logits_across_chunks_and_cache(tiny, engine) -> None:
+    """Scored prompt positions (chunked prefill of 64 + 16, part of the prompt cached by
+    an earlier request) equal log-softmax of the logits path over the whole prompt."""
+    from radixjax.runtime.batch import RequestSlice, build_batch
+    from tests.model.harness import tiny_runner
+
+    _, m = tiny
+    ids = prompt(11, 80)
+    runner = tiny_runner(m.cfg, m.params, num_slots=128, max_batch_tokens=128,
+                         max_context=96)
+    logits = runner.all_logits(build_batch(
+        [RequestSlice(np.array(ids, np.int32), np.arange(1, 81, dtype=np.int32))],
+        runner.buckets))
+    ref = _log_softmax(logits)[:-1][np.arange(79), ids[1:]]  # log p(ids[p] | ids[:p])
+    engine.generate(ids[:70], GREEDY)  # caches 70 tokens: scoring must recompute some
+    for start in (0, 10, 75):
+        sp = SamplingParams(max_new_tokens=0, temperature=0.0, logprob_start_len=start,
+                            top_logprobs=3)
+        out = engine.generate(ids, sp)
+        assert out.completion_tokens == 0 and out.token_ids == []
+        assert out.finish_reason == "length"
+        assert out.cached_tokens <= max(start - 1, 0)
+        got = out.prompt_logprobs
+        assert len(got) == 80 - start
+        if start == 0:
+            assert got[0] is None and out.prompt_top_logprobs[0] is None
+            got = got[1:]
+        np.testing.assert_allclose(got, ref[max(start, 1) - 1:], rtol=1e-4, atol=1e-4)
+        top = out.prompt_top_logprobs[-1]
+        assert [t for t, _ in top] == list(np.argsort(-logits[-2])[:3])
+    engine.check_integrity()
+
+
+def test_max_new_tokens_zero_caches_the_prompt(engine) -> None:
+    engine.flush_cache()
+    ids = prompt(12, 40)
+    out = engine.generate(ids, SamplingParams(max_new_tokens=0))
+    assert (out.completion_tokens, out.finish_reason, out.prompt_logprobs) == (0, "length", [])
+    assert engine.generate(ids + [7, 8], GREEDY).cached_tokens == 40
+    with pytest.raises(RequestError, match="logprob_start_len"):
+        engine.generate(ids, SamplingParams(logprob_start_len=40))
+    engine.check_integrity()

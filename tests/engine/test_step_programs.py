@@ -16,6 +16,8 @@ from radixjax.engine.scheduler import Scheduler
 from radixjax.model.attention import BatchShape
 from radixjax.runtime.batch import HostBatch
 from radixjax.sampling.params import MAX_TOP_LOGPROBS, SamplingArrays, SamplingParams
+from radixjax.runtime.model_runner import StepOutput
+from radixjax.runtime.prompt_logprobs import PromptLogprobs
 from radixjax.sampling.sampler import SampleOutput
 
 VOCAB = 300
@@ -30,12 +32,15 @@ class NullRunner:
         self.shapes: list[BatchShape] = []
         self.rng = np.random.default_rng(seed)
 
-    def step(self, batch: HostBatch, sp: SamplingArrays, opts, token_mask=None) -> SampleOutput:
+    def step(self, batch: HostBatch, sp: SamplingArrays, opts, token_mask=None) -> StepOutput:
         self.shapes.append(batch.shape)
-        b = batch.shape.num_reqs
-        return SampleOutput(self.rng.integers(3, VOCAB, b).astype(np.int32),
-                            np.zeros(b, np.float32), np.zeros((b, MAX_TOP_LOGPROBS), np.int32),
-                            np.zeros((b, MAX_TOP_LOGPROBS), np.float32))
+        b, t, k = batch.shape.num_reqs, batch.shape.num_tokens, MAX_TOP_LOGPROBS
+        sample = SampleOutput(self.rng.integers(3, VOCAB, b).astype(np.int32),
+                              np.zeros(b, np.float32), np.zeros((b, k), np.int32),
+                              np.zeros((b, k), np.float32))
+        prompt = PromptLogprobs(np.zeros(t, np.float32), np.zeros((t, k), np.int32),
+                                np.zeros((t, k), np.float32))
+        return StepOutput(sample, prompt)
 
 
 def random_request(rng: np.random.Generator, i: int, cfg: EngineConfig,
@@ -44,7 +49,8 @@ def random_request(rng: np.random.Generator, i: int, cfg: EngineConfig,
     head = prefixes[i % len(prefixes)][: n // 2]
     prompt = head + rng.integers(3, VOCAB, n - len(head)).tolist()
     sp = SamplingParams(
-        max_new_tokens=int(rng.integers(1, cfg.max_context)),  # up to the context limit
+        max_new_tokens=int(rng.integers(0, cfg.max_context)),  # up to the context limit
+        logprob_start_len=int(rng.choice([-1, n // 2])),  # some score their prompt
         temperature=float(rng.choice([0.0, 1.0])), logprobs=bool(rng.random() < 0.3),
         top_logprobs=int(rng.choice([0, 5])), frequency_penalty=float(rng.choice([0, 0.5])),
         ignore_eos=bool(rng.random() < 0.5))

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from radixjax.loaders import load_model
-from radixjax.runtime.batch import RequestSlice, build_batch
+from radixjax.runtime.batch import PromptScores, RequestSlice, build_batch
 from radixjax.runtime.model_runner import StepOptions
 from radixjax.sampling.params import SamplingArrays, SamplingParams
 from tests.model.harness import ScatteredSlots, tiny_runner
@@ -35,7 +35,20 @@ def test_step_tokens_are_argmax_of_logits_and_padding_only_hits_dummy(tiny_model
     out = runner.step(batch, SamplingArrays.build(_greedy(3), [0] * 3, 4), StepOptions(
         return_logprobs=True))
     np.testing.assert_array_equal(np.asarray(out.tokens)[:3], logits[last].argmax(-1))
-    np.testing.assert_array_equal(np.asarray(out.top_ids)[:3, 0], logits[last].argmax(-1))
+    np.testing.assert_array_equal(np.asarray(out.sample.top_ids)[:3, 0],
+                                  logits[last].argmax(-1))
+    # Prompt logprobs from the same step program: scattered tokens in two score blocks.
+    scored = np.array([0, 1, 7, 17]), rng.integers(0, m.cfg.vocab_size, 4)
+    scores = PromptScores.none(32)
+    scores.mask[scored[0]], scores.next_ids[scored[0]] = True, scored[1]
+    out = runner.step(batch._replace(scores=scores), SamplingArrays.build(
+        _greedy(3), [0] * 3, 4), StepOptions(prompt_logprobs=True, return_logprobs=True))
+    shifted = logits - logits.max(-1, keepdims=True)
+    logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    np.testing.assert_allclose(np.asarray(out.prompt.logprobs)[scored[0]],
+                               logp[scored[0], scored[1]], rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(np.asarray(out.prompt.top_ids)[scored[0], 0],
+                                  logits[scored[0]].argmax(-1))
     # In every layer's rows of the pool, every slot is still zero except the request's
     # slots and the dummy slot 0.
     k = np.asarray(runner.kv[0])
@@ -60,7 +73,7 @@ def test_one_program_per_token_bucket_serves_every_option_and_context(tiny_model
     width = (m.cfg.vocab_size + 31) // 32
     for kv in (1, 19, 300, 599):  # decodes at any depth: the shape is T = 1
         req = RequestSlice(np.array([5], np.int32), np.arange(1, kv + 1, dtype=np.int32))
-        for opts in (StepOptions(), StepOptions(True, True, True, True)):
+        for opts in (StepOptions(), StepOptions(True, True, True, True, False)):
             mask = np.full((1, width), -1, np.int32) if opts.use_grammar else None
             batch = build_batch([req], runner.buckets)
             runner.step(batch, sp(batch), opts, mask)
@@ -68,6 +81,8 @@ def test_one_program_per_token_bucket_serves_every_option_and_context(tiny_model
                            [-16:])
     batch = build_batch([prefill], runner.buckets)
     runner.step(batch, sp(batch), StepOptions(do_sample=True))
+    scores = PromptScores(np.arange(16, dtype=np.int32), np.arange(16) % 3 == 0)
+    runner.step(batch._replace(scores=scores), sp(batch), StepOptions(prompt_logprobs=True))
     jax.block_until_ready(runner.kv)
     assert runner.num_late_compiles == 0 and runner.num_programs == 5
     # A second runner of the same model and config gets the same programs (JAX's

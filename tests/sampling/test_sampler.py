@@ -121,7 +121,8 @@ def test_logprobs_come_from_the_unmasked_logits(probs) -> None:
 
 @pytest.mark.parametrize("kwargs", [
     dict(temperature=-1.0), dict(top_p=0.0), dict(top_p=1.5), dict(min_p=-0.1),
-    dict(max_new_tokens=0), dict(seed=-3), dict(top_logprobs=21), dict(temperature="hot"),
+    dict(max_new_tokens=-1), dict(logprob_start_len=-2), dict(seed=-3),
+    dict(top_logprobs=21), dict(temperature="hot"),
 ])
 def test_bad_params_raise(kwargs) -> None:
     with pytest.raises(SamplingParamsError):

@@ -172,10 +172,11 @@ class Engine:
             return SamplingParams()
         return sp if isinstance(sp, SamplingParams) else SamplingParams(**sp)
 
-    def _make_req(self, ids: list[int], sp: SamplingParams, index: int) -> Req:
+    def _make_req(self, ids: list[int], sp: SamplingParams, index: int,
+                  rid: str | None = None) -> Req:
         n = next(self._ids)
         seed = sp.seed + index if sp.seed is not None else (self.config.seed * 1_000_003 + n)
-        return Req(rid=f"req-{n}", prompt_ids=ids, sampling=sp, seed=seed % (2**31))
+        return Req(rid=rid or f"req-{n}", prompt_ids=ids, sampling=sp, seed=seed % (2**31))
 
     def _attach_grammars(self, reqs: list[Req]) -> None:
         """Compile each constrained request's grammar (cached by key) and give it a fresh
@@ -263,17 +264,20 @@ class Engine:
 
     async def generate_stream(self, prompt: Prompt,
                               sampling_params: SamplingParams | dict | None = None,
-                              index: int = 0) -> AsyncIterator[StreamChunk]:
+                              index: int = 0, rid: str | None = None,
+                              ) -> AsyncIterator[StreamChunk]:
         """Stream one request's output as immutable chunks (engine/output.py): text
         deltas that never split a UTF-8 character or show part of a stop string, the new
         ids and their logprobs; the last chunk carries the GenerateOutput. Raises
         EngineError if the engine fails the request. Leaving the iteration early aborts
-        the request and frees its KV. `index` offsets the seed (the i-th of n samples)."""
+        the request and frees its KV. `index` offsets the seed (the i-th of n samples); `rid`
+        names the request for `abort` (default: a fresh one)."""
         caller = asyncio.get_running_loop()
         # One chunk per step of this request: bounded by its max_new_tokens, which the
         # scheduler clamps to the context.
         queue: asyncio.Queue[StreamChunk] = asyncio.Queue()
-        req = self._make_req(self._tokenize(prompt), self._sampling(sampling_params), index)
+        req = self._make_req(self._tokenize(prompt), self._sampling(sampling_params), index,
+                             rid)
         req.on_chunk = lambda chunk: caller.call_soon_threadsafe(queue.put_nowait, chunk)
         if req.sampling.grammar is not None:
             await asyncio.to_thread(self._attach_grammars, [req])
@@ -323,6 +327,17 @@ class Engine:
             if not self.scheduler.has_work:
                 assert self.scheduler.kvm.num_held == 0, "idle engine still holds KV slots"
         self._call(check)
+
+    def abort(self, rid: str) -> int:
+        """Abort the waiting or running requests named `rid` (each then finishes with
+        finish_reason "abort" and frees its KV); returns how many there were."""
+        def abort() -> int:
+            s = self.scheduler
+            found = [r for r in s.waiting + s.running if r.rid == rid]
+            for r in found:
+                s.abort(r)
+            return len(found)
+        return self._call(abort)
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix (only when idle); returns whether it flushed."""

@@ -35,6 +35,9 @@ class GenerateOutput:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[TopLogprobs] = field(default_factory=list)
     stats: ReqStats | None = None
+    # sampling.logprob_start_len >= 0: prompt positions from there on (None: position 0)
+    prompt_logprobs: list[float | None] = field(default_factory=list)
+    prompt_top_logprobs: list[TopLogprobs | None] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,10 @@ class RequestOutput:
     """One request's output state: its detokenizer and stop matcher, the text emitted,
     how many logprobs went out. Owned by the scheduler."""
 
-    def __init__(self, tokenizer: Any, stops: tuple[str, ...]) -> None:
-        self._detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
+    def __init__(self, tokenizer: Any, stops: tuple[str, ...],
+                 skip_special_tokens: bool = True) -> None:
+        self._detok = (IncrementalDetokenizer(tokenizer, skip_special_tokens)
+                       if tokenizer is not None else None)
         self._stops = StopMatcher(stops)
         self._text: list[str] = []
         self._num_logprobs = 0
@@ -98,6 +103,8 @@ class RequestOutput:
             prompt_tokens=len(req.prompt_ids), cached_tokens=req.stats.cached_tokens,
             completion_tokens=len(req.output_ids), logprobs=list(req.logprobs),
             top_logprobs=list(req.top_logprobs), stats=req.stats,
+            prompt_logprobs=list(req.prompt_logprobs),
+            prompt_top_logprobs=list(req.prompt_top_logprobs),
         )
         return StreamChunk(text, tuple(new), req.finish_reason, out, lps, tops)
 

@@ -22,7 +22,11 @@ class Ordered(NamedTuple):
 def match_tokens(req: Req) -> list[int]:
     """What to look up: all known tokens but the last, so at least one is computed. A
     request with penalties matches its prompt only: its outputs are re-fed so the device
-    can count them again after a retraction (runtime/penalties.py)."""
+    can count them again after a retraction (runtime/penalties.py). A request scoring its
+    prompt from position p matches at most p - 1 tokens: position p's logprob comes from
+    the logits at p - 1, which only a computed (not cached) token has."""
+    if req.sampling.scores_prompt:  # the scored span is computed: logits before it too
+        return req.all_ids[: max(req.sampling.logprob_start_len - 1, 0)]
     if req.sampling.has_penalties:
         return req.all_ids[: min(len(req.prompt_ids), req.seq_len - 1)]
     return req.all_ids[:-1]

@@ -65,6 +65,11 @@ class Req:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    # Prompt logprobs (sampling.logprob_start_len >= 0): one entry per prompt position
+    # from logprob_start_len on, filled as the prefill's steps score them (None: position
+    # 0, which nothing predicts)
+    prompt_logprobs: list[float | None] = field(default_factory=list)
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] = field(default_factory=list)
     state: ReqState = ReqState.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     error: str | None = None  # why the engine failed this request (finish_reason "error")

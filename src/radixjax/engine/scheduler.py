@@ -28,10 +28,9 @@ from radixjax.engine.output import RequestOutput
 from radixjax.engine.policy import SchedulePolicy, match_tokens
 from radixjax.engine.request import Req, ReqState
 from radixjax.engine.stats import EngineStats
-from radixjax.runtime.batch import HostBatch, RequestSlice, build_batch
-from radixjax.runtime.model_runner import ModelRunner, StepOptions
+from radixjax.runtime.batch import HostBatch, PromptScores, RequestSlice, build_batch
+from radixjax.runtime.model_runner import ModelRunner, StepOptions, StepOutput
 from radixjax.sampling.params import SamplingArrays
-from radixjax.sampling.sampler import SampleOutput
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +58,7 @@ class ScheduledBatch:
 @dataclass
 class InFlight:
     batch: ScheduledBatch
-    out: SampleOutput
+    out: StepOutput
 
 
 class Scheduler:
@@ -103,7 +102,12 @@ class Scheduler:
         if req.sampling.max_new_tokens > room:  # as SGLang and vLLM: up to the context
             req.sampling = replace(req.sampling, max_new_tokens=room)
         self.stats.num_requests += 1
-        req.out = RequestOutput(self.tokenizer, req.sampling.stop)
+        req.out = RequestOutput(self.tokenizer, req.sampling.stop,
+                                req.sampling.skip_special_tokens)
+        if req.sampling.scores_prompt:
+            num_scored = len(req.prompt_ids) - req.sampling.logprob_start_len
+            req.prompt_logprobs = [None] * num_scored  # filled by the prefill's steps
+            req.prompt_top_logprobs = [None] * num_scored
         if req.is_aborted:  # aborted before it got here: remembered, never run
             self._mark_finished(req, "abort")
             return
@@ -122,6 +126,9 @@ class Scheduler:
             )
         if self.kvm.round_up(n + 1) > self.kvm.allocator.num_usable_slots:
             raise RequestError(f"the prompt ({n} tokens) does not fit the KV pool")
+        if req.sampling.logprob_start_len >= n:
+            raise RequestError(f"logprob_start_len ({req.sampling.logprob_start_len}) must be "
+                               f"less than the prompt's {n} tokens")
 
     def abort(self, req: Req) -> None:
         req.is_aborted = True
@@ -402,6 +409,7 @@ class Scheduler:
             r.row_synced = True
             samples.append(end == r.seq_len)
         host = build_batch(slices, self.runner.buckets)
+        host = host._replace(scores=_prompt_scores(reqs[:num_extend], num_new, host))
         mask = None
         if any(r.grammar is not None for r in reqs):
             mask = build_token_mask(reqs, samples, host.shape.num_reqs,
@@ -411,6 +419,7 @@ class Scheduler:
             return_logprobs=any(r.sampling.logprobs for r in reqs),
             use_penalties=any(r.sampling.has_penalties for r in reqs),
             use_grammar=mask is not None,
+            prompt_logprobs=host.scores is not None,
         )
         batch = ScheduledBatch(reqs, num_new, samples, is_prefill, host, opts, mask)
         self._after_dispatch_bookkeeping(batch)
@@ -436,12 +445,14 @@ class Scheduler:
     # -- results ----------------------------------------------------------------------------
 
     async def _process(self, flight: InFlight) -> None:
-        arrays = await asyncio.to_thread(_fetch, flight.out, flight.batch.opts.return_logprobs)
+        arrays = await asyncio.to_thread(_fetch, flight.out, flight.batch.opts)
         self._process_host(flight, arrays)
 
     def _process_host(self, flight: InFlight, arrays: tuple) -> None:
-        tokens, logprobs, top_ids, top_lps = arrays
+        (tokens, logprobs, top_ids, top_lps), prompt = arrays
         now = self.stats.now()
+        if prompt is not None:
+            _record_prompt_logprobs(flight.batch, prompt)
         for i, (r, keep) in enumerate(zip(flight.batch.reqs, flight.batch.samples,
                                           strict=True)):
             if not keep:
@@ -449,6 +460,9 @@ class Scheduler:
             r.num_pending -= 1
             if r.state is not ReqState.RUNNING:
                 continue  # finished or aborted while this step was in flight
+            if r.sampling.max_new_tokens == 0:  # prefill only: the prompt is now cached
+                self.finish(r, "length")
+                continue
             token = int(tokens[i])
             new = [token]
             if r.grammar is not None:
@@ -519,11 +533,59 @@ class Scheduler:
         assert self.rows.num_free == self.cfg.max_running - len(self.running)
 
 
-def _fetch(out: SampleOutput, with_logprobs: bool) -> tuple:
-    """The step's results on the host (logprob arrays only when some request asked)."""
-    if not with_logprobs:
-        return np.asarray(out.tokens), None, None, None
-    return tuple(np.asarray(x) for x in out)
+def _fetch(out: StepOutput, opts: StepOptions) -> tuple:
+    """The step's results on the host (logprob arrays only when some request asked):
+    ((tokens, logprobs, top_ids, top_logprobs), prompt logprobs or None)."""
+    if opts.return_logprobs:
+        sample = tuple(np.asarray(x) for x in out.sample)
+    else:
+        sample = (np.asarray(out.sample.tokens), None, None, None)
+    prompt = tuple(np.asarray(x) for x in out.prompt) if opts.prompt_logprobs else None
+    return sample, prompt
+
+
+def _prompt_scores(extends: list[Req], num_new: list[int],
+                   host: HostBatch) -> PromptScores | None:
+    """Where this step scores prompt tokens: each extending request that asked, at the
+    positions p of its chunk whose next prompt token p + 1 is in its scored span."""
+    scores = None
+    for i, r in enumerate(extends):
+        start = r.sampling.logprob_start_len
+        if start < 0:
+            continue
+        first = r.num_computed  # this chunk's first position (bookkeeping comes after)
+        pos = np.arange(first, first + num_new[i])
+        ok = (pos + 1 >= start) & (pos + 1 < len(r.prompt_ids))
+        if not ok.any():
+            continue
+        if scores is None:
+            scores = PromptScores.none(host.shape.num_tokens)
+        at = host.md.q_start[i] + np.nonzero(ok)[0]
+        scores.next_ids[at] = np.asarray(r.prompt_ids, np.int32)[pos[ok] + 1]
+        scores.mask[at] = True
+    return scores
+
+
+def _record_prompt_logprobs(batch: ScheduledBatch, prompt: tuple) -> None:
+    """The prompt logprobs a finished step computed, into each request's list (by
+    position, so a request recomputed after a retraction overwrites, not appends)."""
+    lps, top_ids, top_lps = prompt
+    scores = batch.host.scores
+    for i, r in enumerate(batch.reqs):
+        start = r.sampling.logprob_start_len
+        if start < 0 or not r.prompt_logprobs:
+            continue
+        q0, n = batch.host.md.q_start[i], batch.host.md.q_len[i]
+        first = batch.host.md.kv_len[i] - n
+        k = r.sampling.top_logprobs
+        for t in range(q0, q0 + n):
+            if not scores.mask[t]:
+                continue
+            j = first + (t - q0) + 1 - start  # the scored position, in the request's list
+            r.prompt_logprobs[j] = float(lps[t])
+            if k:
+                r.prompt_top_logprobs[j] = [(int(a), float(b)) for a, b in
+                                            zip(top_ids[t][:k], top_lps[t][:k], strict=True)]
 
 
 def _sampling(batch: ScheduledBatch) -> SamplingArrays:

@@ -117,7 +117,7 @@ def _decoder_layer(
     return replicate(x + _mlp_block(lp, x, cfg, layout, kind)), kv
 
 
-def forward(
+def forward_hidden(
     params: Params,
     kv: KVPool,
     input_ids: jax.Array,  # [T] int32
@@ -125,12 +125,10 @@ def forward(
     *,
     cfg: ModelConfig,
     backend: AttentionBackend,
-    all_logits: bool = False,
     layout: Layout | None = None,
 ) -> tuple[jax.Array, KVPool]:
     """params: stacked (layer_stack.stack_layers); the layers of each group run in one
-    lax.scan. Returns (logits, new kv pool). Logits are [B, V] at each request's last new
-    token, or [T, V] for every token when `all_logits` (parity tests, prompt logprobs).
+    lax.scan. Returns (the final-normed hidden state of every token [T, D], new kv pool).
     layout: run sharded (cfg must then be parallel.sharded_config(...) of the model)."""
     if layout is not None:
         backend = sharded_attention(backend, layout)
@@ -147,8 +145,30 @@ def forward(
 
         ids = jnp.arange(group.start, group.stop, dtype=jnp.int32)
         (x, kv), _ = jax.lax.scan(layer, (x, kv), (weights, ids))
-    x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+    return rms_norm(x, params["final_norm"], cfg.rms_norm_eps), kv
+
+
+def last_token_rows(md: AttentionMetadata) -> jax.Array:
+    """[B] int32: each request's last new token in the packed axis (padding: row 0)."""
+    return jnp.maximum(md.q_start + md.q_len - 1, 0)
+
+
+def forward(
+    params: Params,
+    kv: KVPool,
+    input_ids: jax.Array,  # [T] int32
+    md: AttentionMetadata,
+    *,
+    cfg: ModelConfig,
+    backend: AttentionBackend,
+    all_logits: bool = False,
+    layout: Layout | None = None,
+) -> tuple[jax.Array, KVPool]:
+    """forward_hidden, then the LM head. Returns (logits, new kv pool): logits are [B, V]
+    at each request's last new token, or [T, V] for every token when `all_logits`
+    (parity tests)."""
+    x, kv = forward_hidden(params, kv, input_ids, md, cfg=cfg, backend=backend,
+                           layout=layout)
     if not all_logits:
-        last = jnp.maximum(md.q_start + md.q_len - 1, 0)  # [B]
-        x = x[last]
+        x = x[last_token_rows(md)]
     return lm_head(params, x, cfg, layout), kv

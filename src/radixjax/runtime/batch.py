@@ -95,6 +95,17 @@ class TokenSource(NamedTuple):
     count_sampled: np.ndarray  # [B] bool
 
 
+class PromptScores(NamedTuple):
+    """Which tokens of the step score the prompt token after them (prompt logprobs)."""
+
+    next_ids: np.ndarray  # [T] int32, the prompt token that follows token t
+    mask: np.ndarray  # [T] bool, token t is scored
+
+    @staticmethod
+    def none(num_tokens: int) -> PromptScores:
+        return PromptScores(np.zeros(num_tokens, np.int32), np.zeros(num_tokens, bool))
+
+
 class HostBatch(NamedTuple):
     input_ids: np.ndarray  # [T] int32
     md: AttentionMetadata  # fields as numpy arrays; req_to_token is None (device-side)
@@ -102,6 +113,7 @@ class HostBatch(NamedTuple):
     num_reqs: int  # real (unpadded) requests
     src: TokenSource
     row_syncs: tuple[tuple[int, np.ndarray], ...] = ()  # (row, slots) to upload first
+    scores: PromptScores | None = None  # None: nothing scored
 
 
 def build_batch(reqs: list[RequestSlice], buckets: Buckets) -> HostBatch:

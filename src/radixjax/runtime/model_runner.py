@@ -10,6 +10,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache, partial
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -25,12 +26,24 @@ from radixjax.model.attention import (
 )
 from radixjax.model.config import ModelConfig
 from radixjax.model.layer_stack import stack_layers
-from radixjax.model.llama import KVPool, forward, init_kv_pool
+from radixjax.model.llama import (
+    KVPool,
+    forward,
+    forward_hidden,
+    init_kv_pool,
+    last_token_rows,
+    lm_head,
+)
 from radixjax.model.params import Params
 from radixjax.parallel.rules import Layout
 from radixjax.parallel.shard_params import kv_sharding, shard_params, sharded_config
-from radixjax.runtime.batch import DUMMY_SLOT, Buckets, HostBatch, TokenSource
+from radixjax.runtime.batch import DUMMY_SLOT, Buckets, HostBatch, PromptScores, TokenSource
 from radixjax.runtime.penalties import apply_penalties, count_sampled, gather_counts
+from radixjax.runtime.prompt_logprobs import (
+    PromptLogprobs,
+    no_prompt_logprobs,
+    prompt_logprobs,
+)
 from radixjax.runtime.step_programs import StepPrograms
 from radixjax.sampling.bitmask import apply_token_bitmask, bitmask_width
 from radixjax.sampling.params import SamplingArrays
@@ -86,25 +99,42 @@ class StepOptions:
     return_logprobs: bool = False  # logprobs and the top MAX_TOP_LOGPROBS of every row
     use_penalties: bool = False  # some request has frequency/presence penalties
     use_grammar: bool = False  # some row samples under a grammar: apply the token bitmask
+    prompt_logprobs: bool = False  # some token scores the prompt token after it
 
     def flags(self) -> StepFlags:
         return StepFlags(*(np.bool_(v) for v in (self.do_sample, self.return_logprobs,
-                                                 self.use_penalties, self.use_grammar)))
+                                                 self.use_penalties, self.use_grammar,
+                                                 self.prompt_logprobs)))
+
+
+class StepOutput(NamedTuple):
+    sample: SampleOutput  # [B] rows: the sampled tokens (and their logprobs)
+    prompt: PromptLogprobs  # [T] rows: prompt logprobs (zeros unless the flag is set)
+
+    @property
+    def tokens(self) -> jax.Array:
+        return self.sample.tokens
 
 
 def _step(
     params: Params, kv: KVPool, table: jax.Array, last_tokens: jax.Array, counts: jax.Array,
-    input_ids: jax.Array, src: TokenSource, md: AttentionMetadata, sp: SamplingArrays,
-    token_mask: jax.Array, flags: StepFlags, *,
+    input_ids: jax.Array, src: TokenSource, scores: PromptScores, md: AttentionMetadata,
+    sp: SamplingArrays, token_mask: jax.Array, flags: StepFlags, *,
     cfg: ModelConfig, backend: str, page_size: int, layout: Layout | None,
-) -> tuple[SampleOutput, KVPool, jax.Array, jax.Array, jax.Array]:
+) -> tuple[StepOutput, KVPool, jax.Array, jax.Array, jax.Array]:
     """token_mask: [B, ceil(V / 32)] int32 grammar bitmask (all ones: unconstrained)."""
     table, md = _write_table(table, src, md)
     input_ids = jnp.where(src.use_last, last_tokens[src.token_row], input_ids)
-    logits, kv = forward(
+    hidden, kv = forward_hidden(
         params, kv, input_ids, md, cfg=cfg,
         backend=get_backend(backend, page_size), layout=layout,
-    )
+    )  # [T, D]
+    logits = lm_head(params, hidden[last_token_rows(md)], cfg, layout)  # [B, V]
+    prompt = lax.cond(
+        flags.prompt_logprobs,
+        lambda h: prompt_logprobs(params, h, scores.next_ids, scores.mask, cfg=cfg,
+                                  layout=layout),
+        lambda h: no_prompt_logprobs(h.shape[0]), hidden)
 
     def penalize(logits: jax.Array, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
         rows = gather_counts(counts, input_ids, src, md)
@@ -117,7 +147,8 @@ def _step(
     # Logprobs describe the model's distribution before the grammar mask (finite).
     out = sample(masked, logits, sp, md.kv_len, flags.do_sample, flags.return_logprobs)
     counts = count_sampled(counts, out.tokens, src)
-    return out, kv, table, last_tokens.at[src.req_row].set(out.tokens), counts
+    return (StepOutput(out, prompt), kv, table, last_tokens.at[src.req_row].set(out.tokens),
+            counts)
 
 
 def _write_table(table: jax.Array, src: TokenSource,
@@ -227,8 +258,10 @@ class ModelRunner:
 
     def _args(self, batch: HostBatch, sp: SamplingArrays, opts: StepOptions,
               token_mask: np.ndarray | None) -> tuple:
+        scores = batch.scores or PromptScores.none(batch.shape.num_tokens)
         return (self.params, self.kv, self.req_to_token, self.last_tokens, self.token_counts,
-                *jax.device_put((batch.input_ids, batch.src, batch.md, sp), self._inputs),
+                *jax.device_put((batch.input_ids, batch.src, scores, batch.md, sp),
+                                self._inputs),
                 self._mask_for(batch, token_mask), jax.device_put(opts.flags(), self._inputs))
 
     @property
@@ -268,12 +301,15 @@ class ModelRunner:
         return jax.device_put(token_mask, self._inputs)
 
     def step(self, batch: HostBatch, sp: SamplingArrays, opts: StepOptions,
-             token_mask: np.ndarray | None = None) -> SampleOutput:
+             token_mask: np.ndarray | None = None) -> StepOutput:
         """Dispatch one step; returns device arrays without waiting for them.
         token_mask: [B, ceil(V / 32)] int32 grammar bitmask, required iff opts.use_grammar.
-        The output's logprob fields are meaningful only when opts.return_logprobs."""
+        The output's logprob fields are meaningful only when opts.return_logprobs, its
+        prompt logprobs only when opts.prompt_logprobs (batch.scores says where)."""
         if opts.use_grammar != (token_mask is not None):
             raise ValueError("a token_mask goes with opts.use_grammar, and only with it")
+        if opts.prompt_logprobs != (batch.scores is not None and bool(batch.scores.mask.any())):
+            raise ValueError("opts.prompt_logprobs goes with batch.scores, and only with it")
         if int(batch.md.kv_len.max()) > self.config.max_context:
             raise ValueError(f"a request exceeds max_context {self.config.max_context}")
         program = self.programs.get(batch.shape)

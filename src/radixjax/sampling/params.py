@@ -24,7 +24,12 @@ class SamplingParamsError(ValueError):
 @dataclass(frozen=True)
 class SamplingParams:
     """temperature 0 means greedy; top_k <= 0 means no top-k cut; seed None means the
-    engine picks one (so outputs are still reproducible from its logs)."""
+    engine picks one (so outputs are still reproducible from its logs).
+
+    max_new_tokens 0: prefill only (caches the prompt's prefix; with logprob_start_len,
+    scores the prompt). logprob_start_len >= 0: the log-probability of every prompt token
+    from that position on, each given the tokens before it (None for position 0), with
+    its top `top_logprobs` alternatives; -1: none (SGLang's convention)."""
 
     max_new_tokens: int = 128
     temperature: float = 1.0
@@ -32,11 +37,13 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None
-    logprobs: bool = False
-    top_logprobs: int = 0
+    logprobs: bool = False  # of each output token
+    top_logprobs: int = 0  # alternatives per output (and scored prompt) position
+    logprob_start_len: int = -1  # prompt logprobs from this position on; -1: none
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()  # stop strings (checked by the engine on decoded text)
     ignore_eos: bool = False
+    skip_special_tokens: bool = True  # in the output text
     frequency_penalty: float = 0.0  # OpenAI: logit -= freq * count(token in the output)
     presence_penalty: float = 0.0  # OpenAI: logit -= pres * (token in the output)
     # Structured output (grammar/), at most one: a JSON schema (a dict or its JSON text;
@@ -58,8 +65,11 @@ class SamplingParams:
             if not ok:
                 raise SamplingParamsError(msg)
 
-        check(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
-              f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        check(isinstance(self.max_new_tokens, int) and not isinstance(self.max_new_tokens, bool)
+              and self.max_new_tokens >= 0,
+              f"max_new_tokens must be an integer >= 0, got {self.max_new_tokens!r}")
+        check(isinstance(self.logprob_start_len, int) and self.logprob_start_len >= -1,
+              f"logprob_start_len must be an integer >= -1, got {self.logprob_start_len!r}")
         check(isinstance(self.temperature, int | float) and 0.0 <= self.temperature <= 100.0,
               f"temperature must be in [0, 100], got {self.temperature!r}")
         check(isinstance(self.top_k, int), f"top_k must be an integer, got {self.top_k!r}")
@@ -104,6 +114,10 @@ class SamplingParams:
             if source is not None:
                 return kind, source, self.json_strict
         return None
+
+    @property
+    def scores_prompt(self) -> bool:
+        return self.logprob_start_len >= 0
 
     @property
     def has_penalties(self) -> bool:

@@ -27,6 +27,7 @@ class StepFlags(NamedTuple):
     return_logprobs: jax.Array
     use_penalties: jax.Array
     use_grammar: jax.Array
+    prompt_logprobs: jax.Array
 
 
 def _sample_row(

@@ -23,7 +23,9 @@ from starlette.routing import Route
 
 from radixjax.engine.engine import Engine, GenerateOutput, StreamChunk
 from radixjax.engine.scheduler import EngineError, RequestError
+from radixjax.lang.chat import role_markers
 from radixjax.sampling.params import SamplingParams, SamplingParamsError
+from radixjax.server import native
 from radixjax.server.formats import (
     chat_chunk,
     chat_response,
@@ -50,6 +52,7 @@ class ServerConfig:
     default_max_tokens: int = 256
     enable_debug: bool = False  # POST /debug/inject_fault (tests of the supervision)
     limits: Limits = field(default_factory=Limits)
+    model_path: str | None = None  # what /get_model_info reports (default: model_name)
 
 
 class ClientGone(Exception):
@@ -122,19 +125,23 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
                                                tokenize=False)
                 return tok(text, add_special_tokens=False).input_ids
             return await asyncio.to_thread(render)
-        if isinstance(p.prompt, list):
-            return p.prompt
-        check_prompt_chars(len(p.prompt), longest_token, max_context)
+        return await tokenize_prompt(p.prompt)
+
+    async def tokenize_prompt(prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, list):
+            return prompt
+        check_prompt_chars(len(prompt), longest_token, engine.config.max_context)
         if tok is None:
             raise bad("this model has no tokenizer: send token ids")
-        return await asyncio.to_thread(lambda: tok(p.prompt).input_ids)
+        return await asyncio.to_thread(lambda: tok(prompt).input_ids)
 
     async def run_one(ids: list[int], sp: SamplingParams, index: int,
-                      emit: Callable[[int, StreamChunk], Any] | None) -> GenerateOutput:
+                      emit: Callable[[int, StreamChunk], Any] | None,
+                      rid: str | None = None) -> GenerateOutput:
         start, last = time.perf_counter(), None
         out = None
         try:
-            async for chunk in engine.generate_stream(ids, sp, index):
+            async for chunk in engine.generate_stream(ids, sp, index, rid):
                 now = time.perf_counter()
                 if chunk.token_ids:
                     metrics.observe_token(now - (last or start), first=last is None)
@@ -234,64 +241,87 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         return endpoint
 
     async def native_generate(request: Request, ticket: Ticket) -> Response:
-        body = await read_json(request)
-        if not isinstance(body, dict) or set(body) - {"text", "input_ids", "sampling_params",
-                                                      "stream", "rid"}:
-            raise bad("expected an object with text or input_ids, sampling_params, stream")
-        raw = body.get("sampling_params") or {}
-        if not isinstance(raw, dict):
-            raise bad("'sampling_params' must be an object", "sampling_params")
-        allowed = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-                   "stop_token_ids", "ignore_eos", "frequency_penalty", "presence_penalty",
-                   "json_schema", "regex", "ebnf"}
-        if set(raw) - allowed:
-            raise bad(f"unknown sampling_params: {sorted(set(raw) - allowed)}",
-                      "sampling_params")
-        try:
-            sp = SamplingParams(**raw)
-        except (SamplingParamsError, TypeError) as e:
-            raise bad(str(e), "sampling_params") from e
-        text, input_ids = body.get("text"), body.get("input_ids")
-        if (text is None) == (input_ids is None):
-            raise bad("give exactly one of 'text' or 'input_ids'")
-        p = Parsed(text if text is not None else input_ids, None, sp, 1,
-                   bool(body.get("stream", False)), False, False, 0)
-        if text is not None and (not isinstance(text, str) or not text):
-            raise bad("'text' must be a non-empty string", "text")
-        if input_ids is not None and not (isinstance(input_ids, list) and input_ids and all(
-                isinstance(t, int) and not isinstance(t, bool) for t in input_ids)):
-            raise bad("'input_ids' must be a non-empty list of integers", "input_ids")
-        ids = await tokenize(p)
+        """SGLang's /generate (server/native.py): one prompt or a batch, n samples each."""
+        batch = native.parse_generate(await read_json(request))
+        prompt_ids = [await tokenize_prompt(item.prompt) for item in batch.items]
+        metrics.requests.inc()
+        eos = engine.eos_token_ids
 
-        def native(out_text: str, out: GenerateOutput | None, ids_so_far: list[int]) -> dict:
-            meta: dict[str, Any] = {"prompt_tokens": len(ids)}
-            if out is not None:
-                meta.update(completion_tokens=out.completion_tokens,
-                            cached_tokens=out.cached_tokens,
-                            finish_reason={"type": out.finish_reason})
-            return {"text": out_text, "output_ids": ids_so_far, "meta_info": meta}
+        def run(k: int, emit: Callable | None = None) -> Any:
+            item = batch.items[k]
+            on = None if emit is None else (lambda _, chunk: emit(k, chunk))
+            return run_one(prompt_ids[k], item.sampling, item.index, on, item.rid)
 
-        if not p.stream:
-            (out,) = await while_connected(request, generate(p, ids))
-            return JSONResponse(native(out.text or "", out, out.token_ids))
+        if not batch.stream:
+            outs = await while_connected(request, asyncio.gather(
+                *(run(k) for k in range(len(batch.items)))))
+            bodies = [native.response(item, ids, out, tok, eos)
+                      for item, ids, out in zip(batch.items, prompt_ids, outs, strict=True)]
+            return JSONResponse(bodies if batch.batched else bodies[0])
 
         async def body_iter() -> AsyncIterator[bytes]:
-            text_so_far, ids_so_far = "", []
-            metrics.requests.inc()
+            queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+            states = [native.StreamState(item, ids, tok, eos, k if batch.batched else None)
+                      for k, (item, ids) in enumerate(zip(batch.items, prompt_ids,
+                                                          strict=True))]
+
+            async def emit(k: int, chunk: StreamChunk) -> None:
+                body = states[k].push(chunk)
+                if body is not None:
+                    queue.put_nowait(sse(body))
+
+            async def produce() -> None:
+                try:
+                    await asyncio.gather(*(run(k, emit) for k in range(len(batch.items))))
+                except APIError as e:
+                    queue.put_nowait(sse(e.body()))
+                queue.put_nowait(None)
+
+            task = asyncio.create_task(produce())
             try:
-                async for chunk in engine.generate_stream(ids, sp):
-                    text_so_far += chunk.text
-                    ids_so_far += chunk.token_ids
-                    if chunk.output is not None:
-                        metrics.on_finished(chunk.output)
-                    yield sse(native(text_so_far, chunk.output, ids_so_far))
-            except EngineError as e:
-                yield sse(engine_failed(e).body())
+                while (item := await queue.get()) is not None:
+                    yield item
+                yield b"data: [DONE]\n\n"
             finally:
+                task.cancel()  # a client that went away aborts its requests
                 ticket.release()
-            yield b"data: [DONE]\n\n"
 
         return StreamingResponse(body_iter(), media_type="text/event-stream")
+
+    async def abort_request(request: Request) -> Response:
+        """SGLang's /abort_request: {"rid": ...} ends that request (finish_reason abort);
+        the rids of n > 1 samples are rid-0, rid-1, ..."""
+        authorize(request)
+        body = await read_json(request)
+        rid = body.get("rid") if isinstance(body, dict) else None
+        if not isinstance(rid, str):
+            raise bad("expected {\"rid\": \"...\"}", "rid")
+        await asyncio.sleep(0)
+        found = engine.abort(rid)
+        return JSONResponse({"rid": rid, "aborted": found})
+
+    markers = role_markers(tok) if getattr(tok, "chat_template", None) else None
+
+    async def model_info(request: Request) -> Response:
+        """SGLang's /get_model_info (its frontend reads model_path for a chat template);
+        chat_role_markers (ours): each chat role's text around its content, for
+        radixjax.lang's HTTP backend."""
+        authorize(request)
+        return JSONResponse({"chat_role_markers": markers,
+            "model_path": config.model_path or config.model_name,
+            "tokenizer_path": config.model_path or config.model_name,
+            "served_model_name": config.model_name, "is_generation": True,
+            "preferred_sampling_params": None, "has_image_understanding": False,
+            "has_audio_understanding": False, "max_context": engine.config.max_context})
+
+    async def load(request: Request) -> Response:
+        """SGLang's /get_load: one entry per data-parallel rank (one here)."""
+        authorize(request)
+        stats = engine.stats()
+        return JSONResponse([{"dp_rank": 0,
+                              "num_reqs": int(stats["num_running"] + stats["num_waiting"]),
+                              "num_waiting_reqs": int(stats["num_waiting"]),
+                              "num_tokens": int(stats["kv_usage"] * engine.config.num_slots)}])
 
     async def models(request: Request) -> Response:
         authorize(request)
@@ -370,6 +400,10 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         Route("/health", health, methods=["GET"]),
         Route("/health_generate", health_generate, methods=["GET"]),
         Route("/get_server_info", server_info, methods=["GET"]),
+        Route("/server_info", server_info, methods=["GET"]),
+        Route("/get_model_info", model_info, methods=["GET"]),
+        Route("/get_load", load, methods=["GET"]),
+        Route("/abort_request", abort_request, methods=["POST"]),
         Route("/flush_cache", flush_cache, methods=["POST"]),  # state-changing: POST only
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/debug/inject_fault", inject_fault, methods=["POST"]),
