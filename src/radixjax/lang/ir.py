@@ -6,7 +6,7 @@ state (lang/state.py) interprets them in order.
     select(name, choices)     the most likely choice is appended (lang/choices.py)
     user(expr) / system / assistant
                               a chat turn: the role's markers around expr
-    [expr, ...]               in order
+    [expr, ...], a + b        in order (a Seq)
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from typing import Any, Union
 
 from radixjax.lang.choices import ChoiceMethod, token_length_normalized
 
-# A gen's dtype: the regex its text must match (the grammar ends the text there).
+# A gen's dtype: the regex its text must match (the grammar ends the text there); a
+# leading space is allowed, as the model writes one after "A:" (int(" 4") still parses).
 DTYPE_REGEX = {
-    "int": r"-?[0-9]{1,18}",
-    "float": r"-?[0-9]{1,15}(\.[0-9]{1,15})?",
-    "bool": r"(True|False)",
-    "str": r'"[^"\\\n]{0,256}"',
+    "int": r" ?-?[0-9]{1,18}",
+    "float": r" ?-?[0-9]{1,15}(\.[0-9]{1,15})?",
+    "bool": r" ?(True|False)",
+    "str": r' ?"[^"\\\n]{0,256}"',
 }
 SAMPLING_NAMES = ("max_new_tokens", "stop", "stop_token_ids", "temperature", "top_p",
                   "top_k", "min_p", "frequency_penalty", "presence_penalty", "ignore_eos",
@@ -31,31 +32,56 @@ LOGPROB_NAMES = ("return_logprob", "logprob_start_len", "top_logprobs_num",
                  "return_text_in_logprobs")
 
 
+class Node:
+    """An expression; `+` with text or another expression makes a Seq (in order)."""
+
+    def __add__(self, other: Any) -> Seq:
+        return Seq((*_parts(self), *_parts(other)))
+
+    def __radd__(self, other: Any) -> Seq:
+        return Seq((*_parts(other), *_parts(self)))
+
+
+def _parts(x: Any) -> tuple:
+    if isinstance(x, Seq):
+        return x.parts
+    if isinstance(x, str | Node):
+        return (x,)
+    if isinstance(x, list | tuple):
+        return tuple(p for item in x for p in _parts(item))
+    raise TypeError(f"cannot add a {type(x).__name__} to a program expression")
+
+
 @dataclass(frozen=True)
-class Gen:
+class Seq(Node):
+    parts: tuple  # of str and Node, run in order
+
+
+@dataclass(frozen=True)
+class Gen(Node):
     name: str | None
     sampling: dict[str, Any]  # SGLang's sampling_params names; None: the run's default
     logprobs: dict[str, Any] = field(default_factory=dict)  # LOGPROB_NAMES given
 
 
 @dataclass(frozen=True)
-class Select:
+class Select(Node):
     name: str | None
     choices: tuple[str, ...]
     method: ChoiceMethod = token_length_normalized
 
 
 @dataclass(frozen=True)
-class RoleBegin:
+class RoleBegin(Node):
     role: str
 
 
 @dataclass(frozen=True)
-class RoleEnd:
+class RoleEnd(Node):
     role: str
 
 
-Expr = Union[str, Gen, Select, RoleBegin, RoleEnd, list]  # noqa: UP007 (a runtime alias)
+Expr = Union[str, Node, list]  # noqa: UP007 (a runtime alias)
 
 
 def gen(name: str | None = None, max_tokens: int | None = None,
@@ -111,19 +137,19 @@ def select(name: str | None = None, choices: list[str] | None = None,
     return Select(name, tuple(choices), choices_method)
 
 
-def _role(role: str, expr: Expr | None) -> list:
-    return [RoleBegin(role)] + ([] if expr is None else [expr]) + [RoleEnd(role)]
+def _role(role: str, expr: Expr | None) -> Seq:
+    return Seq((RoleBegin(role), *(() if expr is None else _parts(expr)), RoleEnd(role)))
 
 
-def system(expr: Expr | None = None) -> list:
+def system(expr: Expr | None = None) -> Seq:
     return _role("system", expr)
 
 
-def user(expr: Expr | None = None) -> list:
+def user(expr: Expr | None = None) -> Seq:
     return _role("user", expr)
 
 
-def assistant(expr: Expr | None = None) -> list:
+def assistant(expr: Expr | None = None) -> Seq:
     return _role("assistant", expr)
 
 

@@ -187,10 +187,11 @@ class ForkGroup:
 
     def join(self) -> None:
         """Wait for every branch; each variable a branch created comes back to the
-        parent as a list, one value per branch."""
+        parent as a list, one value per branch (its meta info too)."""
         before = set(self.parent.variables)
         for s in self.states:
             s.finish()
         for s in self.states:
             for name in s.variables.keys() - before:
                 self.parent.variables.setdefault(name, []).append(s.variables[name])
+                self.parent.meta.setdefault(name, []).append(s.meta.get(name))
