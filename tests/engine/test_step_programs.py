@@ -15,9 +15,9 @@ from radixjax.engine.request import Req
 from radixjax.engine.scheduler import Scheduler
 from radixjax.model.attention import BatchShape
 from radixjax.runtime.batch import HostBatch
-from radixjax.sampling.params import MAX_TOP_LOGPROBS, SamplingArrays, SamplingParams
 from radixjax.runtime.model_runner import StepOutput
 from radixjax.runtime.prompt_logprobs import PromptLogprobs
+from radixjax.sampling.params import MAX_TOP_LOGPROBS, SamplingArrays, SamplingParams
 from radixjax.sampling.sampler import SampleOutput
 
 VOCAB = 300
