@@ -1,5 +1,6 @@
-"""SGLang's classic programs on radixjax.lang, on both backends: what each program
-writes, and greedy outputs equal between the in-process engine and HTTP."""
+"""SGLang's classic programs on radixjax.lang: each runs on both backends (the
+in-process engine and HTTP to the server), their greedy text must be equal, and what the
+program wrote is checked."""
 
 from __future__ import annotations
 
@@ -17,17 +18,28 @@ P = build(sgl)
 GREEDY = dict(temperature=0)
 
 
-def test_few_shot_qa(backend) -> None:
-    s = P.few_shot_qa.run(question="What is the capital of Spain?", backend=backend, **GREEDY)
+@pytest.fixture(scope="module")
+def run_both(engine_backend, http_backend):
+    """run_both(program, **kwargs) -> its state on the engine backend, after checking the
+    HTTP backend writes the same text."""
+    def run(program: sgl.Program, **kwargs) -> sgl.ProgramState:
+        states = [program.run(backend=b, **kwargs) for b in (engine_backend, http_backend)]
+        assert states[0].text() == states[1].text(), program.__name__
+        return states[0]
+    return run
+
+
+def test_few_shot_qa(run_both) -> None:
+    s = run_both(P.few_shot_qa, question="What is the capital of Spain?", **GREEDY)
     assert s["answer"].strip() == "Madrid"
     assert s.text().endswith("Q: What is the capital of Spain?\nA:" + s["answer"])
     meta = s.get_meta_info("answer")
     assert meta["finish_reason"]["type"] == "stop" and meta["prompt_tokens"] > 40
 
 
-def test_multi_turn_chat_writes_the_models_chat_template(backend, lang_engine) -> None:
-    s = P.multi_turn_chat.run(question_1="What is 2+2?", question_2="And 3+3?",
-                              backend=backend, **GREEDY)
+def test_multi_turn_chat_writes_the_models_chat_template(run_both, lang_engine) -> None:
+    s = run_both(P.multi_turn_chat, question_1="What is 2+2?", question_2="And 3+3?",
+                 **GREEDY)
     messages = s.messages()
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user",
                                              "assistant"]
@@ -37,51 +49,58 @@ def test_multi_turn_chat_writes_the_models_chat_template(backend, lang_engine) -
     assert s.text() == tok.apply_chat_template(messages, tokenize=False)
 
 
-def test_select_picks_the_confident_answer(backend) -> None:
-    s = P.capital.run(country="France", choices=[" Paris", " London", " Berlin"],
-                      backend=backend)
+def test_select_picks_the_confident_answer(run_both) -> None:
+    s = run_both(P.capital, country="France", choices=[" Paris", " London", " Berlin"])
     assert s["city"] == " Paris" and s.text() == "The capital of France is Paris"
     scores = s.get_meta_info("city")["scores"]
     assert scores[0] == max(scores)
 
 
-def test_fork_join_tip_suggestion(backend) -> None:
-    s = P.tip_suggestion.run(topic="health", backend=backend, **GREEDY)
+def test_fork_tip_suggestion(run_both) -> None:
+    s = run_both(P.tip_suggestion, topic="health", **GREEDY)
     text = s.text()
     assert "Tip 1:" in text and "Tip 2:" in text and s["summary"]
     assert "detailed_tip" not in s  # branches keep their variables until a join
 
 
-def test_fork_computes_the_shared_prefix_once(backend) -> None:
-    countries = list(CITIES)
+@pytest.mark.parametrize("which", ["engine", "http"])
+def test_fork_computes_the_shared_prefix_once(request, which) -> None:
+    backend = request.getfixturevalue(f"{which}_backend")
     backend.flush_cache()
-    s = P.parallel_branches.run(countries=countries, backend=backend, **GREEDY)
+    s = P.parallel_branches.run(countries=list(CITIES), backend=backend, **GREEDY)
     assert [a.strip() for a in s["answer"]] == list(CITIES.values())
     # The branches' requests all start with the few-shot prefix (nothing was cached
     # before them): it is computed once, the other branches find it in the radix cache.
-    cached = [m["cached_tokens"] for m in s.get_meta_info("answer")]
+    cached = sorted(m["cached_tokens"] for m in s.get_meta_info("answer"))
     prefix = backend.generate({"text": FEW_SHOT, "sampling_params": {"max_new_tokens": 0}})
     shared = prefix["meta_info"]["prompt_tokens"]
-    assert sorted(cached)[1:] == [c for c in sorted(cached)[1:] if c >= shared], cached
+    assert all(c >= shared for c in cached[1:]), (cached, shared)
 
 
-def test_regex_json_and_dtype(backend) -> None:
-    s = P.regex_and_json.run(backend=backend, **GREEDY)
+def test_regex_json_and_dtype(run_both) -> None:
+    s = run_both(P.regex_and_json, **GREEDY)
     ipaddress.ip_address(s["ip"].strip())
     jsonschema.validate(json.loads(s["person"]), PERSON)
-    total = P.arithmetic.run(backend=backend, **GREEDY)["sum"]
+    total = run_both(P.arithmetic, **GREEDY)["sum"]
     assert str(int(total)) == total.strip()  # an integer literal, whatever its value
 
 
-def test_run_batch_equals_one_by_one(backend) -> None:
+def test_run_batch_equals_one_by_one(engine_backend, http_backend) -> None:
     questions = [{"question": f"What is the capital of {c}?"} for c in CITIES]
-    states = P.few_shot_qa.run_batch(questions, backend=backend, progress_bar=True, **GREEDY)
-    assert [st["answer"].strip() for st in states] == list(CITIES.values())
-    one = P.few_shot_qa.run(**questions[1], backend=backend, **GREEDY)
-    assert states[1]["answer"] == one["answer"]
+    answers = []
+    for backend in (engine_backend, http_backend):
+        states = P.few_shot_qa.run_batch(questions, backend=backend, progress_bar=True,
+                                         **GREEDY)
+        answers.append([st["answer"] for st in states])
+    assert answers[0] == answers[1]
+    assert [a.strip() for a in answers[0]] == list(CITIES.values())
+    one = P.few_shot_qa.run(**questions[1], backend=engine_backend, **GREEDY)
+    assert answers[0][1] == one["answer"]
 
 
-def test_streaming(backend) -> None:
+@pytest.mark.parametrize("which", ["engine", "http"])
+def test_streaming(request, which) -> None:
+    backend = request.getfixturevalue(f"{which}_backend")
     s = P.multi_turn_chat.run(question_1="Name a color.", question_2="Another one?",
                               backend=backend, stream=True, **GREEDY)
     pieces = list(s.text_iter())
@@ -95,25 +114,12 @@ def test_streaming(backend) -> None:
     assert asyncio.run(collect()) == s["answer"] and s["answer"].strip() == "Tokyo"
 
 
-def test_both_backends_write_the_same_text(engine_backend, http_backend) -> None:
-    runs = [
-        (P.few_shot_qa, dict(question="What is the capital of Egypt?")),
-        (P.multi_turn_chat, dict(question_1="Hi!", question_2="How are you?")),
-        (P.capital, dict(country="Japan", choices=[" Tokyo", " Kyoto", " Osaka"])),
-        (P.tip_suggestion, dict(topic="sleep")),
-        (P.regex_and_json, {}),
-    ]
-    for program, kwargs in runs:
-        texts = [program.run(backend=b, **GREEDY, **kwargs).text()
-                 for b in (engine_backend, http_backend)]
-        assert texts[0] == texts[1], program.__name__
-
-
-def test_a_failing_request_is_reported_not_hung(backend) -> None:
+@pytest.mark.parametrize("which", ["engine", "http"])
+def test_a_failing_request_is_reported_not_hung(request, which) -> None:
     @sgl.function
     def bad(s):
         s += "x" + sgl.gen("y", max_tokens=-3)
 
-    s = bad.run(backend=backend)
+    s = bad.run(backend=request.getfixturevalue(f"{which}_backend"))
     with pytest.raises(sgl.ProgramError, match="max_new_tokens"):
         s.text()

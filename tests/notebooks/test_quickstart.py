@@ -63,3 +63,10 @@ def test_tree_is_rendered_as_text_and_picture(executed):
 def test_constrained_json_validates(executed):
     line = re.search(r"^json: (.+)$", stdout(executed), re.M).group(1)
     jsonschema.validate(json.loads(line), SCHEMA)
+
+
+def test_frontend_language_cell(executed):
+    out = stdout(executed)
+    answers = re.findall(r"^lang answer: (.+)$", out, re.M)
+    assert len(answers) == 3 and all(a.strip() for a in answers)
+    assert "lang select:  Rome" in out

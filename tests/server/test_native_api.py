@@ -139,3 +139,13 @@ def test_info_load_and_abort(server) -> None:
 def test_bad_native_requests_are_400(server, body, needle) -> None:
     r = httpx.post(server + "/generate", json=body, timeout=30)
     assert r.status_code == 400 and needle in r.json()["error"]["message"]
+
+
+def test_skip_special_tokens(server) -> None:
+    chat = "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\nHello!"
+    sp = {"max_new_tokens": 64, "temperature": 0}
+    plain = generate(server, text=chat, sampling_params=sp)
+    raw = generate(server, text=chat, sampling_params=dict(sp, skip_special_tokens=False))
+    assert plain["meta_info"]["finish_reason"]["type"] == "stop"  # at <|im_end|>
+    assert plain["output_ids"] == raw["output_ids"]
+    assert raw["text"] == plain["text"] + "<|im_end|>"
