@@ -60,6 +60,13 @@ def build(sgl: ModuleType) -> SimpleNamespace:
         s += "Q: What is 2 + 2?\nA: 4\nQ: What is 3 + 4?\nA:" + sgl.gen("sum", dtype=int)
 
     @sgl.function
+    def typed_answers(s):
+        s += "Q: What is pi to two decimals?\nA:" + sgl.gen("pi", dtype=float)
+        s += "\nQ: Is water wet? Answer True or False.\nA:" + sgl.gen("wet", dtype=bool)
+        s += "\nQ: Name a fruit, in quotes.\nA:" + sgl.gen("fruit", dtype=str)
+        s += "\nQ: Which is a colour?\nA:" + sgl.gen("colour", choices=[" red", " table"])
+
+    @sgl.function
     def parallel_branches(s, countries):
         s += FEW_SHOT
         forks = s.fork(len(countries))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import re
 
 import jsonschema
 import pytest
@@ -83,6 +84,11 @@ def test_regex_json_and_dtype(run_both) -> None:
     jsonschema.validate(json.loads(s["person"]), PERSON)
     total = run_both(P.arithmetic, **GREEDY)["sum"]
     assert str(int(total)) == total.strip()  # an integer literal, whatever its value
+    s = run_both(P.typed_answers, **GREEDY)
+    assert re.fullmatch(r" ?-?[0-9]+(\.[0-9]+)?", s["pi"]) and float(s["pi"]) > 0
+    assert s["wet"].strip() in ("True", "False")
+    assert re.fullmatch(r' ?"[^"]*"', s["fruit"])
+    assert s["colour"] == " red"  # gen(choices=...) is a select
 
 
 def test_run_batch_equals_one_by_one(engine_backend, http_backend) -> None:

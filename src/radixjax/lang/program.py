@@ -71,7 +71,7 @@ class Program:
             try:
                 self.func(state, *args, **fargs)
             except Exception as e:  # noqa: BLE001 (kept in the state, raised on reading)
-                state._error = state._error or e
+                state.fail(e)
             try:
                 state.finish()
             except ProgramError:

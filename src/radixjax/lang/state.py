@@ -103,6 +103,10 @@ class ProgramState:
                 self._changed.notify_all()
             self._worker.shutdown(wait=False)
 
+    def fail(self, error: BaseException) -> None:
+        """Record a failure from outside the queue (the program's own Python raised)."""
+        self._error = self._error or error
+
     def error(self) -> BaseException | None:
         return self._error
 
@@ -164,7 +168,7 @@ class ProgramState:
             yield text
 
     def __repr__(self) -> str:
-        return f"ProgramState({self.text()!r})"
+        return f"ProgramState({self._text!r})"  # as far as it has run (no waiting)
 
 
 class ForkGroup:

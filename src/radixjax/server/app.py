@@ -243,7 +243,11 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
     async def native_generate(request: Request, ticket: Ticket) -> Response:
         """SGLang's /generate (server/native.py): one prompt or a batch, n samples each."""
         batch = native.parse_generate(await read_json(request))
-        prompt_ids = [await tokenize_prompt(item.prompt) for item in batch.items]
+        tokenized: dict[int, list[int]] = {}  # a prompt's n samples share one object
+        for item in batch.items:
+            if id(item.prompt) not in tokenized:
+                tokenized[id(item.prompt)] = await tokenize_prompt(item.prompt)
+        prompt_ids = [tokenized[id(item.prompt)] for item in batch.items]
         metrics.requests.inc()
         eos = engine.eos_token_ids
 
@@ -296,7 +300,6 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         rid = body.get("rid") if isinstance(body, dict) else None
         if not isinstance(rid, str):
             raise bad("expected {\"rid\": \"...\"}", "rid")
-        await asyncio.sleep(0)
         found = engine.abort(rid)
         return JSONResponse({"rid": rid, "aborted": found})
 
