@@ -13,6 +13,7 @@ import sys
 import time
 
 from radixjax.engine.config import ATTENTION_BACKENDS, POLICIES
+from radixjax.engine.dp_router import DP_POLICIES
 from radixjax.server.limits import Limits
 
 
@@ -66,6 +67,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--tp", type=int, default=1,
                    help="tensor-parallel devices: heads, MLP columns, vocab and KV pool "
                         "split over them (0: every visible device)")
+    g.add_argument("--dp", "--dp-size", type=int, default=1,
+                   help="data-parallel engine replicas, each on its own tp devices, behind "
+                        "one HTTP front (docs/scale_out.md)")
+    g.add_argument("--load-balance-method", choices=DP_POLICIES, default="cache_aware",
+                   help="how --dp routes a request: by cache affinity balanced with load, "
+                        "to the least loaded replica, or in turn")
     g.add_argument("--ep", type=int, default=1,
                    help="expert-parallel groups inside the TP group (MoE); must divide --tp")
     return p.parse_args(argv)
@@ -90,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         enable_overlap=not args.disable_overlap, enable_mixed=args.enable_mixed,
         dtype=args.dtype, attention_backend=args.attention_backend, tp=args.tp, ep=args.ep,
         warmup=not args.no_warmup,  # every step program, before /health answers
+        **({"dp": args.dp, "dp_policy": args.load_balance_method} if args.dp > 1 else {}),
     )
     path = str(args.model or default_model_path())
     name = args.served_model_name or os.path.basename(path).removesuffix(".gguf")
@@ -98,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         Limits(args.max_request_bytes, args.max_concurrent_requests), model_path=path))
     print(f"radixjax: serving {name} on http://{args.host}:{args.port} "
           f"(ready in {time.perf_counter() - t0:.0f}s, "
-          f"{engine.runner.num_programs} step programs)", file=sys.stderr, flush=True)
+          f"{getattr(engine, 'replicas', [engine])[0].runner.num_programs} step programs"
+          f"{f', {args.dp} replicas' if args.dp > 1 else ''})", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 

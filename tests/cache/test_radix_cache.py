@@ -80,6 +80,21 @@ def test_match_ending_inside_a_node_splits_it() -> None:
     assert_accounting(cache)
 
 
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_match_len_is_match_prefix_length_without_touching_the_tree(page_size) -> None:
+    cache = make_cache(page_size=page_size)
+    cache_tokens(cache, list(range(10, 20)))
+    cache_branch(cache, list(range(10, 14)) + [50, 51, 52, 53])
+    before = (sorted_keys(cache), [n.last_access for n in cache.iter_nodes()])
+    queries = [[10, 11, 12], list(range(10, 20)) + [7], [10, 11, 12, 13, 50, 51, 9], [99],
+               [10, 11, 12, 13, 60]]
+    lens = [cache.match_len(q) for q in queries]
+    assert (sorted_keys(cache), [n.last_access for n in cache.iter_nodes()]) == before
+    assert lens == [cache.match_prefix(q).num_tokens for q in queries]
+    assert cache.match_len([10, 11, 12], namespace="other") == 0
+    assert_accounting(cache)
+
+
 def test_split_keeps_a_lock_holder_valid() -> None:
     cache = make_cache()
     cache_tokens(cache, list(range(10)))

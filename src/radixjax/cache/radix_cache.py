@@ -96,6 +96,21 @@ class RadixCache:
         slots = np.concatenate(pieces) if pieces else _EMPTY_SLOTS
         return MatchResult(slots, node)
 
+    def match_len(self, tokens: TokenIds, namespace: Hashable | None = None) -> int:
+        """How many leading tokens (whole pages) are cached: match_prefix's length,
+        without touching or splitting anything (the DP router asks every replica)."""
+        tokens = _as_tokens(tokens)
+        num_aligned = self._aligned_len(tokens.size)
+        node, pos = self._roots.get(namespace), 0
+        while node is not None and pos < num_aligned:
+            child = node.children.get(self._child_key(tokens, pos))
+            if child is None:
+                break
+            num_common = self._common_len(child.key, tokens[pos:num_aligned])
+            pos += num_common
+            node = child if num_common == child.key.size else None
+        return pos
+
     def insert(
         self, tokens: TokenIds, slots: np.ndarray, namespace: Hashable | None = None
     ) -> InsertResult:

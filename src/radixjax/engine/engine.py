@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import jax
 import numpy as np
 
 from radixjax.engine.config import EngineConfig
@@ -50,19 +51,33 @@ class Engine:
     trained in a notebook; nothing is exported or reloaded.
     """
 
+    def __new__(cls, *args: Any, dp: int = 1, **kwargs: Any) -> Any:
+        """Engine(dp=N), N > 1: a DataParallelEngine of N replicas (engine/data_parallel.py)
+        with the same interface."""
+        if dp != 1 and cls is Engine:
+            from radixjax.engine.data_parallel import DataParallelEngine
+
+            return DataParallelEngine(*args, dp=dp, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, model: str | Path | None = None, *, params: Params | None = None,
                  model_config: ModelConfig | None = None, tokenizer: Any = None,
-                 warmup: bool = True, background: bool = True,
+                 warmup: bool = True, background: bool = True, dp: int = 1,
+                 devices: Sequence[jax.Device] | None = None,
                  **engine_options: Any) -> None:
         """warmup=True compiles (or loads from the persistent cache) every step program
         now, with a progress bar, so no request ever waits for a compile; False compiles
         each on first use. background=True runs the scheduler on a private loop in a
         thread (scripts, notebooks). background=False leaves it to the caller: `await
         start()` inside the loop that should run it (the HTTP server shares uvicorn's loop
-        this way)."""
+        this way). devices: the devices this engine runs on (default: every visible
+        one; a data-parallel replica gets its slice)."""
+        if dp != 1:
+            raise ValueError("dp > 1 is a DataParallelEngine: construct Engine(dp=...)")
         self.config = EngineConfig(**engine_options)
         # One mesh per engine (None: one device); scheduler and radix tree stay one.
-        self.layout = layout_for(self.config.tp, self.config.ep)
+        self.layout = layout_for(self.config.tp, self.config.ep, devices)
+        device = devices[0] if devices is not None and self.layout is None else None
         if params is not None:
             if model_config is None:
                 raise ValueError("an in-memory model needs model_config as well as params")
@@ -73,7 +88,7 @@ class Engine:
             params, self.model_config, self.tokenizer = loaded.params, loaded.cfg, loaded.tokenizer
         enable_persistent_cache()
         self.runner = ModelRunner(self.model_config, params, runner_config_for(self.config),
-                                  self.layout)
+                                  self.layout, device)
         if warmup:
             self.runner.warmup()
         eos = tuple(self.model_config.eos_token_ids)
@@ -327,6 +342,12 @@ class Engine:
             if not self.scheduler.has_work:
                 assert self.scheduler.kvm.num_held == 0, "idle engine still holds KV slots"
         self._call(check)
+
+    def cached_prefix_len(self, prompt: Prompt) -> int:
+        """How many of the prompt's leading tokens this engine's radix cache holds (the
+        DP router's cache-affinity signal); touches nothing."""
+        ids = self._tokenize(prompt)
+        return self._call(lambda: self.scheduler.kvm.tree.match_len(ids))
 
     def abort(self, rid: str) -> int:
         """Abort the waiting or running requests named `rid` (each then finishes with

@@ -18,8 +18,10 @@ fewer than the TP ranks are replicated by repeating them (shard_params.kv_repeat
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -93,9 +95,10 @@ class Layout:
         return self.partition((logical,), (dim,))[0] is not None
 
 
-def layout_for(tp: int, ep: int) -> Layout | None:
-    """The layout of a --tp / --ep pair; tp = ep = 1: None, the single-device path (no
-    mesh at all)."""
+def layout_for(tp: int, ep: int, devices: Sequence[jax.Device] | None = None) -> Layout | None:
+    """The layout of a --tp / --ep pair over `devices` (default: every visible one; a
+    data-parallel replica passes its slice); tp = ep = 1: None, the single-device path
+    (no mesh at all)."""
     if tp == 1 and ep == 1:
         return None
-    return Layout(make_mesh(MeshConfig(tp=tp, ep=ep)))
+    return Layout(make_mesh(MeshConfig(tp=tp, ep=ep), devices))

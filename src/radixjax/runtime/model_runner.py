@@ -212,20 +212,33 @@ class ModelRunner:
     (KV heads repeated up to the TP size when there are fewer, parallel/shard_params.py)."""
 
     def __init__(self, cfg: ModelConfig, params: Params, config: RunnerConfig,
-                 layout: Layout | None = None) -> None:
+                 layout: Layout | None = None, device: jax.Device | None = None) -> None:
+        """device: with no layout, the one device to run on (a data-parallel replica's);
+        None: JAX's default device."""
         self.cfg = cfg
         self.layout = layout
         self.run_cfg = cfg if layout is None else sharded_config(cfg, layout)
+        if layout is not None:
+            params = shard_params(cfg, params, layout)
+            inputs = layout.replicated  # where step inputs go
+            pool_sharding = kv_sharding(layout, self.run_cfg, config.num_slots)
+        elif device is not None:
+            inputs = pool_sharding = jax.sharding.SingleDeviceSharding(device)
+            params = jax.device_put(params, inputs)
+        else:
+            inputs = pool_sharding = None
         # Stacked per layer group for the forward's scan (a copy of the layer weights).
-        self.params = stack_layers(
-            cfg, params if layout is None else shard_params(cfg, params, layout))
+        self.params = stack_layers(cfg, params)
         self.config = config
         self.buckets = config.buckets
-        self._inputs = None if layout is None else layout.replicated  # where step inputs go
-        self._pool_sharding = pool_sharding = (
-            None if layout is None else kv_sharding(layout, self.run_cfg, config.num_slots))
-        self.reset_state()
+        self._inputs, self._pool_sharding = inputs, pool_sharding
         self.attention_backend = resolve_backend_name(config.attention_backend)
+        # XLA's CPU gather upcasts a bf16 operand whole, the entire pool for every layer
+        # of every step (measured 10 s per decode step): the native backend keeps its
+        # pool in f32 whatever the weights' dtype.
+        self.pool_dtype = (DTYPES[config.kv_dtype] if self.attention_backend == "pallas"
+                           else jnp.float32)
+        self.reset_state()
         self._step, self._logits, self._sync = _jitted(
             self.run_cfg, self.attention_backend, config.page_size, layout, pool_sharding)
         self._no_mask: dict[int, jax.Array] = {}  # all-ones grammar mask per B, on device
@@ -237,7 +250,7 @@ class ModelRunner:
         consumed its donated buffers)."""
         config = self.config
         self.kv: KVPool = init_kv_pool(self.run_cfg, config.num_slots,
-                                       DTYPES[config.kv_dtype], self._pool_sharding)
+                                       self.pool_dtype, self._pool_sharding)
         rows = config.num_rows
         # req_to_token on the device ([rows, table_width] int32): each step writes its new
         # tokens' slots; a row is uploaded whole only when a batch says so (row_syncs).

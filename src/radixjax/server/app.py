@@ -321,10 +321,11 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         """SGLang's /get_load: one entry per data-parallel rank (one here)."""
         authorize(request)
         stats = engine.stats()
-        return JSONResponse([{"dp_rank": 0,
-                              "num_reqs": int(stats["num_running"] + stats["num_waiting"]),
-                              "num_waiting_reqs": int(stats["num_waiting"]),
-                              "num_tokens": int(stats["kv_usage"] * engine.config.num_slots)}])
+        return JSONResponse([{"dp_rank": i,
+                              "num_reqs": int(s["num_running"] + s["num_waiting"]),
+                              "num_waiting_reqs": int(s["num_waiting"]),
+                              "num_tokens": int(s["kv_usage"] * engine.config.num_slots)}
+                             for i, s in enumerate(stats.get("replicas", [stats]))])
 
     async def models(request: Request) -> Response:
         authorize(request)

@@ -41,6 +41,18 @@ class ServerMetrics:
         self.late_compiles = Gauge(p + "num_late_compiles",
                                    "Step programs compiled after warm-up (should stay 0)",
                                    registry=r)
+        # Data parallelism (--dp): each replica's own, labelled by dp_rank.
+        rank = ["dp_rank"]
+        self.dp_routed = Gauge(p + "dp_requests_routed", "Requests routed to the replica",
+                               rank, registry=r)
+        self.dp_running = Gauge(p + "dp_num_running_reqs", "The replica's running requests",
+                                rank, registry=r)
+        self.dp_waiting = Gauge(p + "dp_num_waiting_reqs", "The replica's waiting requests",
+                                rank, registry=r)
+        self.dp_kv_usage = Gauge(p + "dp_kv_cache_usage", "The replica's KV use", rank,
+                                 registry=r)
+        self.dp_hit_rate = Gauge(p + "dp_cache_hit_rate", "The replica's cached / prompt "
+                                 "tokens", rank, registry=r)
 
     def on_internal_error(self) -> None:
         self.internal_errors.inc()
@@ -63,4 +75,11 @@ class ServerMetrics:
         self.throughput.set(stats["generated_tokens_per_s"])
         self.programs.set(stats["num_step_programs"])
         self.late_compiles.set(stats["num_late_compiles"])
+        for rep in stats.get("replicas", ()):
+            rank = str(rep["dp_rank"])
+            self.dp_routed.labels(rank).set(rep["num_routed"])
+            self.dp_running.labels(rank).set(rep["num_running"])
+            self.dp_waiting.labels(rank).set(rep["num_waiting"])
+            self.dp_kv_usage.labels(rank).set(rep["kv_usage"])
+            self.dp_hit_rate.labels(rank).set(rep["cache_hit_rate"])
         return generate_latest(self.registry)
