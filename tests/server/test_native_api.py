@@ -135,6 +135,7 @@ def test_info_load_and_abort(server) -> None:
     ({"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params"),
     ({"input_ids": [[1, 2], []]}, "input_ids"),
     ({"text": "a", "bogus": 1}, "bogus"),
+    ({"text": "a", "return_hidden_states": True}, "return_hidden_states"),
 ])
 def test_bad_native_requests_are_400(server, body, needle) -> None:
     r = httpx.post(server + "/generate", json=body, timeout=30)

@@ -29,6 +29,15 @@ SAMPLING_FIELDS = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "
 NEUTRAL = {"min_new_tokens": (0,), "repetition_penalty": (1, 1.0), "stop_regex": ((), []),
            "no_stop_trim": (False,), "logit_bias": ({},), "custom_params": ({},)}
 IGNORED = {"spaces_between_special_tokens"}  # text-join detail of special tokens
+# Request fields SGLang's clients and router send that change nothing here whatever
+# their value; any other field of SGLang's is accepted at a neutral value (null, false,
+# empty: e.g. the router forwards return_hidden_states: false), else refused.
+IGNORED_FIELDS = {"model", "log_metrics", "no_logs", "data_parallel_rank"}
+
+
+def _neutral(value: Any) -> bool:
+    return value is None or value is False or (isinstance(value, list | dict | str)
+                                               and not value)
 MAX_N = 16
 
 
@@ -113,9 +122,10 @@ def _prompts(body: dict) -> tuple[list[str | list[int]], bool]:
 def parse_generate(body: Any) -> NativeBatch:
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
-    unknown = sorted(set(body) - REQUEST_FIELDS)
+    unknown = sorted(k for k in set(body) - REQUEST_FIELDS - IGNORED_FIELDS
+                     if not _neutral(body[k]))
     if unknown:
-        raise bad(f"unknown fields: {unknown}", unknown[0])
+        raise bad(f"unknown or unsupported fields: {unknown}", unknown[0])
     prompts, batched = _prompts(body)
     num = len(prompts)
     fields = {name: _per_prompt(body.get(name), num, name, batched) for name in (

@@ -45,7 +45,12 @@ class Parsed:
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
            "stream", "stream_options", "seed", "frequency_penalty", "presence_penalty",
            "logprobs", "top_logprobs", "user", "ignore_eos", "logit_bias",
-           "response_format", "json_schema", "regex", "ebnf"}  # the last three: SGLang's
+           "response_format", "json_schema", "regex", "ebnf",  # these three: SGLang's
+           "skip_special_tokens"}
+# SGLang's extensions its router fills in: no effect here (no reasoning parser), or
+# accepted only at their neutral value (false / null).
+_SGLANG_IGNORED = {"separate_reasoning", "stream_reasoning"}
+_SGLANG_NEUTRAL = {"continue_final_message", "no_stop_trim", "return_hidden_states"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "suffix", "best_of"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "tools", "tool_choice",
                          "parallel_tool_calls"}
@@ -72,7 +77,10 @@ def _in_range(name: str, value: float, lo: float, hi: float) -> None:
 def _check_fields(body: Any, allowed: set[str]) -> None:
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
-    unknown = sorted(set(body) - allowed)
+    for name in _SGLANG_NEUTRAL & set(body):
+        if body[name] not in (None, False):
+            raise bad(f"'{name}' is not supported", name)
+    unknown = sorted(set(body) - allowed - _SGLANG_IGNORED - _SGLANG_NEUTRAL)
     if unknown:
         raise bad(f"Unrecognized request argument supplied: {', '.join(unknown)}", unknown[0])
     if not isinstance(body.get("model"), str):
@@ -117,10 +125,12 @@ def _sampling(body: dict, max_tokens: int | None, default_max: int) -> tuple[Sam
         raise bad("'max_tokens' must be an integer >= 1", "max_tokens")
     stream = _typed(body, "stream", (bool,), False)
     ignore_eos = _typed(body, "ignore_eos", (bool,), False)
+    skip_special = _typed(body, "skip_special_tokens", (bool,), True)
     try:
         sp = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k,
                             top_p=top_p, min_p=min_p, seed=seed, stop=stops,
-                            ignore_eos=ignore_eos, **penalties, **_grammar(body))
+                            ignore_eos=ignore_eos, skip_special_tokens=skip_special,
+                            **penalties, **_grammar(body))
     except SamplingParamsError as e:
         raise bad(str(e)) from e
     return sp, n, stream
