@@ -80,9 +80,10 @@ m = load_model({folder!r}, load_tokenizer=False)
 kw = dict(num_slots=512, max_running=2, max_context=64, max_prefill_tokens=32, chunk_size=32)
 batch = [np.random.default_rng(i).integers(3, 200, 9).tolist() for i in range(4)]
 sp = SamplingParams(max_new_tokens=5, temperature=0.0, ignore_eos=True)
-with Engine(params=m.params, model_config=m.cfg, **kw) as one:
+with Engine(params=m.params, model_config=m.cfg, warmup=False, **kw) as one:
     ref = [o.token_ids for o in one.generate(batch, sp)]
-with Engine(params=m.params, model_config=m.cfg, dp=2, dp_policy="round_robin", **kw) as dp:
+with Engine(params=m.params, model_config=m.cfg, dp=2, dp_policy="round_robin", warmup=False,
+            **kw) as dp:
     got = [o.token_ids for o in dp.generate(batch, sp)]
     devices = [str(r.runner.kv[0].devices()) for r in dp.replicas]
 print(json.dumps(dict(same=got == ref, devices=devices)))

@@ -27,15 +27,17 @@ GREEDY = {"max_new_tokens": 8, "temperature": 0}
 
 
 @pytest.fixture(scope="module")
-def workers(server):
-    launched = [launch_server(), launch_server(["--dp", "2"])]
-    procs = [wait_healthy(w) for w in launched]
-    yield [server] + [url for _, url in procs]
-    for proc, url in procs:
+def workers(server, background_servers):
+    """The shared server, a plain one and a --dp 2 one (both launched in the background
+    once the shared server is up: tests/conftest.py)."""
+    extra = [("worker", []), ("dp_worker", ["--dp", "2"])]
+    for name, flags in extra:
+        background_servers.setdefault(name, launch_server(flags))
+    urls = [wait_healthy(background_servers[name])[1] for name, _ in extra]
+    yield [server] + urls
+    for url in urls:
         stats = wait_idle(url)
         assert stats["num_late_compiles"] == 0 and stats["kv_held"] == 0
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")

@@ -77,7 +77,9 @@ class Engine:
         self.config = EngineConfig(**engine_options)
         # One mesh per engine (None: one device); scheduler and radix tree stay one.
         self.layout = layout_for(self.config.tp, self.config.ep, devices)
-        device = devices[0] if devices is not None and self.layout is None else None
+        device = None  # JAX's default device (programs shared with any plain engine)
+        if devices is not None and self.layout is None and devices[0] != jax.devices()[0]:
+            device = devices[0]
         if params is not None:
             if model_config is None:
                 raise ValueError("an in-memory model needs model_config as well as params")
