@@ -29,7 +29,7 @@ import numpy as np
 
 from radixjax.engine.config import EngineConfig, EngineConfigError
 from radixjax.engine.dp_router import DPRouter
-from radixjax.engine.engine import Engine, Prompt
+from radixjax.engine.engine import Engine, Prompt, final_output
 from radixjax.engine.output import GenerateOutput, StreamChunk
 from radixjax.engine.scheduler import RequestError
 from radixjax.loaders import load_model
@@ -137,11 +137,7 @@ class DataParallelEngine:
     async def agenerate(self, prompt: Prompt,
                         sampling_params: SamplingParams | dict | None = None,
                         index: int = 0) -> GenerateOutput:
-        last = None
-        async for chunk in self.generate_stream(prompt, sampling_params, index):
-            last = chunk
-        assert last is not None and last.output is not None
-        return last.output
+        return await final_output(self.generate_stream(prompt, sampling_params, index))
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | dict | Sequence | None = None,

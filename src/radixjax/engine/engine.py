@@ -273,11 +273,7 @@ class Engine:
                         sampling_params: SamplingParams | dict | None = None,
                         index: int = 0) -> GenerateOutput:
         """One request, awaited on any loop."""
-        last = None
-        async for chunk in self.generate_stream(prompt, sampling_params, index):
-            last = chunk
-        assert last is not None and last.output is not None
-        return last.output
+        return await final_output(self.generate_stream(prompt, sampling_params, index))
 
     async def generate_stream(self, prompt: Prompt,
                               sampling_params: SamplingParams | dict | None = None,
@@ -370,6 +366,15 @@ class Engine:
             self.scheduler.kvm.tree.reset()
             return True
         return self._call(flush)
+
+
+async def final_output(chunks: AsyncIterator[StreamChunk]) -> GenerateOutput:
+    """The GenerateOutput a request's stream ends with."""
+    last = None
+    async for chunk in chunks:
+        last = chunk
+    assert last is not None and last.output is not None
+    return last.output
 
 
 async def _as_coro(fn: Callable[[], Any]) -> Any:
