@@ -93,6 +93,9 @@ def test_stream_is_cumulative_and_batched_streams_carry_an_index(server) -> None
     texts = [c["text"] for c in chunks]
     assert all(b.startswith(a) for a, b in zip(texts, texts[1:], strict=False))
     assert texts[-1] == want and chunks[-1]["meta_info"]["finish_reason"] is not None
+    # the prompt was just cached by the same request: every event knows it
+    assert {c["meta_info"]["cached_tokens"] for c in chunks} == {
+        chunks[-1]["meta_info"]["cached_tokens"]} != {0}
     with httpx.stream("POST", server + "/generate", timeout=60, json={
             "text": [body["text"]] * 2, "sampling_params": GREEDY, "stream": True}) as s:
         events = [json.loads(e[6:]) for e in s.iter_lines()

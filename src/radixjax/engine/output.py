@@ -49,6 +49,7 @@ class StreamChunk:
     logprobs: tuple[float, ...] = ()  # of this chunk's tokens
     top_logprobs: tuple[TopLogprobs, ...] = ()
     error: str | None = None  # the engine failed this request (finish_reason "error")
+    cached_tokens: int = 0  # prompt tokens the radix cache supplied (known once admitted)
 
 
 OnChunk = Callable[[StreamChunk], None]  # called on the scheduler's loop
@@ -88,7 +89,8 @@ class RequestOutput:
 
     def chunk(self, req: Req, new: list[int], text: str) -> StreamChunk:
         """A chunk of a running request (its finish_reason still None)."""
-        return StreamChunk(text, tuple(new), None, None, *self._new_logprobs(req))
+        return StreamChunk(text, tuple(new), None, None, *self._new_logprobs(req),
+                           cached_tokens=req.stats.cached_tokens)
 
     def last_chunk(self, req: Req, new: list[int], text: str) -> StreamChunk:
         """The chunk that ends `req` (finish_reason set): held-back text included."""
@@ -96,7 +98,7 @@ class RequestOutput:
         lps, tops = self._new_logprobs(req)
         if req.error is not None:
             return StreamChunk(text, tuple(new), req.finish_reason, None, lps, tops,
-                               error=req.error)
+                               error=req.error, cached_tokens=req.stats.cached_tokens)
         out = GenerateOutput(
             rid=req.rid, text="".join(self._text) if self._detok is not None else None,
             token_ids=list(req.output_ids), finish_reason=req.finish_reason,
@@ -106,7 +108,8 @@ class RequestOutput:
             prompt_logprobs=list(req.prompt_logprobs),
             prompt_top_logprobs=list(req.prompt_top_logprobs),
         )
-        return StreamChunk(text, tuple(new), req.finish_reason, out, lps, tops)
+        return StreamChunk(text, tuple(new), req.finish_reason, out, lps, tops,
+                           cached_tokens=req.stats.cached_tokens)
 
     def _new_logprobs(self, req: Req) -> tuple[tuple, tuple]:
         start, self._num_logprobs = self._num_logprobs, len(req.logprobs)

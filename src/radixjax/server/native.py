@@ -187,7 +187,7 @@ def finish_reason(out: GenerateOutput | None, eos: tuple[int, ...]) -> dict | No
 def meta_info(item: NativeItem, prompt_ids: list[int], out: GenerateOutput | None,
               tok: Any, eos: tuple[int, ...], partial: dict | None = None) -> dict:
     """meta_info of one item: the finished output's, or (streaming) `partial`, the fields
-    known so far: {"completion_tokens", "logprobs", "top_logprobs", "token_ids"}."""
+    known so far: {"token_ids", "logprobs", "top_logprobs", "cached_tokens"}."""
     meta: dict[str, Any] = {"id": item.rid, "prompt_tokens": len(prompt_ids),
                             "finish_reason": finish_reason(out, eos)}
     if out is not None:
@@ -195,7 +195,8 @@ def meta_info(item: NativeItem, prompt_ids: list[int], out: GenerateOutput | Non
         ids, lps, tops = out.token_ids, out.logprobs, out.top_logprobs
     else:
         partial = partial or {}
-        meta.update(completion_tokens=len(partial.get("token_ids", [])), cached_tokens=0)
+        meta.update(completion_tokens=len(partial.get("token_ids", [])),
+                    cached_tokens=partial.get("cached_tokens", 0))
         ids, lps, tops = (partial.get(k, []) for k in ("token_ids", "logprobs",
                                                       "top_logprobs"))
     if item.return_logprob:
@@ -228,7 +229,8 @@ class StreamState:
         self.item, self.prompt_ids, self.tok, self.eos = item, prompt_ids, tok, eos
         self.index = index  # set in a batched stream: each body says which item
         self.text = ""
-        self.so_far: dict[str, list] = dict(token_ids=[], logprobs=[], top_logprobs=[])
+        self.so_far: dict[str, Any] = dict(token_ids=[], logprobs=[], top_logprobs=[],
+                                           cached_tokens=0)
 
     def push(self, chunk: StreamChunk) -> dict | None:
         """The body to send after this chunk (None: nothing new to show)."""
@@ -236,6 +238,7 @@ class StreamState:
         self.so_far["token_ids"] += chunk.token_ids
         self.so_far["logprobs"] += chunk.logprobs
         self.so_far["top_logprobs"] += chunk.top_logprobs
+        self.so_far["cached_tokens"] = chunk.cached_tokens
         if not (chunk.text or chunk.token_ids or chunk.finish_reason):
             return None
         body = {"text": self.text, "output_ids": list(self.so_far["token_ids"]),
