@@ -90,7 +90,8 @@ def late_compiles(url: str) -> int:
 def router(port: int, workers: list[str], policy: str) -> subprocess.Popen:
     log = (RESULTS / f"router-{policy}.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host",
-                             "127.0.0.1", "--port", str(port), "--policy", policy,
+                             "127.0.0.1", "--port", str(port), "--prometheus-port",
+                             str(port + 50), "--policy", policy,
                              "--worker-urls", *workers], stdout=log, stderr=subprocess.STDOUT)
     for _ in range(240):
         try:

@@ -75,9 +75,6 @@ def server(background_servers):
 
     with running_server(["--enable-debug-endpoints", "--max-request-bytes", "1000000"]) as url:
         background_servers.setdefault("limited", launch_server(LIMITED_ARGS))
-        # the router test's two extra workers (tests/server/test_router.py)
-        background_servers.setdefault("worker", launch_server())
-        background_servers.setdefault("dp_worker", launch_server(["--dp", "2"]))
         yield url
         stats = wait_idle(url)
         assert stats["num_late_compiles"] == 0, "a step compiled after warm-up"

@@ -27,16 +27,16 @@ GREEDY = {"max_new_tokens": 8, "temperature": 0}
 
 
 @pytest.fixture(scope="module")
-def workers(server, background_servers):
-    """The shared server, a plain one and a --dp 2 one (both launched in the background
-    once the shared server is up: tests/conftest.py)."""
-    extra = [("worker", []), ("dp_worker", ["--dp", "2"])]
-    for name, flags in extra:
-        background_servers.setdefault(name, launch_server(flags))
-    urls = [wait_healthy(background_servers[name])[1] for name, _ in extra]
-    yield [server] + urls
-    for url in urls:
+def workers(server):
+    """The shared server, a plain one and a --dp 2 one. The two are started here and
+    stopped with this module (kept for the whole session, they pushed a clean-clone run
+    out of memory)."""
+    procs = [wait_healthy(launch_server(flags)) for flags in ([], ["--dp", "2"])]
+    yield [server] + [url for _, url in procs]
+    for proc, url in procs:
         stats = wait_idle(url)
+        proc.terminate()
+        proc.wait(timeout=30)
         assert stats["num_late_compiles"] == 0 and stats["kv_held"] == 0
 
 
@@ -46,7 +46,8 @@ def router(workers):
     log = tempfile.TemporaryFile("w+")
     proc = subprocess.Popen(
         [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-         "--port", str(port), "--policy", "cache_aware", "--worker-urls", *workers],
+         "--port", str(port), "--prometheus-port", str(free_port()),  # default: 29000
+         "--policy", "cache_aware", "--worker-urls", *workers],
         stdout=log, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
