@@ -75,11 +75,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "to the least loaded replica, or in turn")
     g.add_argument("--ep", type=int, default=1,
                    help="expert-parallel groups inside the TP group (MoE); must divide --tp")
+    g = p.add_argument_group("multi-host on jax.distributed (docs/scale_out.md)")
+    g.add_argument("--nnodes", type=int, default=1,
+                   help="processes (hosts) in the cluster; --tp spans all their devices")
+    g.add_argument("--node-rank", type=int, default=0,
+                   help="this process's rank: 0 serves HTTP, the others follow its steps")
+    g.add_argument("--dist-init-addr", default=None,
+                   help="HOST:PORT of rank 0's jax.distributed coordination service")
+    g.add_argument("--dist-timeout", type=int, default=10,
+                   help="seconds without a heartbeat after which a rank counts as dead")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from radixjax.parallel.multihost import DistConfig, MultiHostError
+
+    dist = DistConfig(args.nnodes, args.node_rank, args.dist_init_addr, args.dist_timeout)
+    if dist.is_multihost and args.dp > 1:
+        raise SystemExit("--dp with --nnodes is not supported: one engine spans the hosts")
     import uvicorn
 
     from radixjax.engine.engine import Engine
@@ -97,8 +111,18 @@ def main(argv: list[str] | None = None) -> int:
         enable_overlap=not args.disable_overlap, enable_mixed=args.enable_mixed,
         dtype=args.dtype, attention_backend=args.attention_backend, tp=args.tp, ep=args.ep,
         warmup=not args.no_warmup,  # every step program, before /health answers
+        **({"dist": dist} if dist.is_multihost else {}),
         **({"dp": args.dp, "dp_policy": args.load_balance_method} if args.dp > 1 else {}),
     )
+    if not dist.is_leader:
+        print(f"radixjax: rank {dist.node_rank} of {dist.nnodes} ready, following rank 0",
+              file=sys.stderr, flush=True)
+        try:
+            engine.follow()
+        except MultiHostError as e:
+            print(f"radixjax: rank {dist.node_rank}: {e}", file=sys.stderr, flush=True)
+            return 1
+        return 0
     path = str(args.model or default_model_path())
     name = args.served_model_name or os.path.basename(path).removesuffix(".gguf")
     app = create_app(engine, ServerConfig(

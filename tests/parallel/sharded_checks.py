@@ -9,6 +9,7 @@ Prints one JSON line: {"errors": {"family tp=.. ep=..": max rel err}, "shards": 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -116,6 +117,22 @@ def shard_shapes(root: Path) -> dict[str, list]:
     return out
 
 
+def step_collectives(root: Path, fam: str, tp: int, ep: int) -> list[str]:
+    """The collective ops XLA put in a sharded step program (its largest bucket). Multi-host
+    runs them over gloo, where reduce-scatter can return wrong values (jax issue 40830):
+    tests/parallel/test_multihost.py checks the kinds listed here across processes."""
+    from radixjax.runtime.model_runner import ModelRunner, RunnerConfig
+
+    folder = root / fam if (root / fam).exists() else save_tiny_model(fam, root / fam)
+    lay = layout(tp, ep)
+    m = load_model(folder, load_tokenizer=False, placer_for=placer_for(lay))
+    runner = ModelRunner(m.cfg, m.params, RunnerConfig(num_slots=64, max_context=32,
+                                                       max_batch_tokens=32), lay)
+    hlo = runner.programs._lower(runner.buckets.shapes[-1]).compile().as_text()
+    ops = "all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute|collective-broadcast"
+    return sorted(set(re.findall(rf"\b({ops})(?:-start)?\(", hlo)))
+
+
 def engine_outputs(root: Path, fam: str, layouts, in_memory: tuple[int, int]) -> dict:
     """Greedy and seeded-sampled token ids of 3 prompts (two share a prefix: a radix-cache
     hit) per layout; layouts load straight into shards from disk, `in_memory` reshards
@@ -157,9 +174,11 @@ def main() -> None:
         result["errors"] = check_logits(root, DENSE)
         result["engine"] = engine_outputs(root, "qwen2", ((1, 1), (4, 1)), (8, 1))
         result["pallas"] = pallas_and_errors(root)
+        result["collectives"] = step_collectives(root, "llama", 2, 1)
     elif part == "moe":
         result["errors"] = check_logits(root, MOE)
         result["shards"] = shard_shapes(root)
+        result["collectives"] = step_collectives(root, "mixtral", 4, 2)
         result["engine"] = engine_outputs(root, "mixtral", ((1, 1), (4, 2)), (8, 8))
     print("RESULT " + json.dumps(result))
 

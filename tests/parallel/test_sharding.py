@@ -113,3 +113,13 @@ def test_engine_outputs_equal_across_layouts(dense, moe) -> None:
         assert ref and all(len(o) > 0 for o in ref)
         for name, got in outs.items():
             assert got == ref, name
+
+
+def test_step_programs_use_only_collectives_checked_across_processes(dense, moe) -> None:
+    """What tests/parallel/test_multihost.py checks over gloo covers what the sharded step
+    programs run (today all-reduce, all-gather and, for MoE under EP, all-to-all; no reduce-scatter,
+    the one of jax issue 40830)."""
+    for part in (dense, moe):
+        assert part["collectives"], part["collectives"]
+        assert set(part["collectives"]) <= {"all-reduce", "all-gather", "all-to-all"}, part[
+            "collectives"]

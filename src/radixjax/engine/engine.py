@@ -23,6 +23,15 @@ from radixjax.grammar.backend import GrammarBackend, GrammarError
 from radixjax.loaders import load_model
 from radixjax.model.config import ModelConfig
 from radixjax.model.params import Params
+from radixjax.parallel.multihost import (
+    BroadcastRunner,
+    CallChannel,
+    DistConfig,
+    follow,
+    init_distributed,
+    shutdown_distributed,
+    wait_for_ranks,
+)
 from radixjax.parallel.rules import layout_for
 from radixjax.parallel.shard_params import placer_for
 from radixjax.runtime.compile_cache import enable_persistent_cache
@@ -64,16 +73,21 @@ class Engine:
                  model_config: ModelConfig | None = None, tokenizer: Any = None,
                  warmup: bool = True, background: bool = True, dp: int = 1,
                  devices: Sequence[jax.Device] | None = None,
-                 **engine_options: Any) -> None:
+                 dist: DistConfig | None = None, **engine_options: Any) -> None:
         """warmup=True compiles (or loads from the persistent cache) every step program
         now, with a progress bar, so no request ever waits for a compile; False compiles
         each on first use. background=True runs the scheduler on a private loop in a
         thread (scripts, notebooks). background=False leaves it to the caller: `await
         start()` inside the loop that should run it (the HTTP server shares uvicorn's loop
         this way). devices: the devices this engine runs on (default: every visible
-        one; a data-parallel replica gets its slice)."""
+        one; a data-parallel replica gets its slice). dist: this process's place in a
+        multi-host cluster (jax.distributed, initialized first): rank 0 serves, every
+        other rank calls `follow()` (parallel/multihost.py)."""
         if dp != 1:
             raise ValueError("dp > 1 is a DataParallelEngine: construct Engine(dp=...)")
+        self.dist = dist or DistConfig()
+        if self.dist.is_multihost and not jax.distributed.is_initialized():
+            init_distributed(self.dist)  # before anything touches a device
         self.config = EngineConfig(**engine_options)
         # One mesh per engine (None: one device); scheduler and radix tree stay one.
         self.layout = layout_for(self.config.tp, self.config.ep, devices)
@@ -93,6 +107,10 @@ class Engine:
                                   self.layout, device)
         if warmup:
             self.runner.warmup()
+        if self.dist.is_multihost:  # every rank compiles its own programs: wait for all
+            wait_for_ranks("ready", self.dist.init_timeout_s)
+            if self.dist.is_leader:
+                self.runner = BroadcastRunner(self.runner, CallChannel())
         eos = tuple(self.model_config.eos_token_ids)
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             eos = tuple(sorted(set(eos) | {self.tokenizer.eos_token_id}))
@@ -124,6 +142,22 @@ class Engine:
             except asyncio.CancelledError:
                 pass
             self._task = None
+        self._stop_followers()
+
+    def follow(self) -> None:
+        """Multi-host, rank > 0: make rank 0's device calls until rank 0 stops; raises
+        MultiHostError when rank 0 dies."""
+        if not self.dist.is_multihost or self.dist.is_leader:
+            raise RuntimeError("follow() is for the ranks > 0 of a multi-host engine")
+        follow(self.runner, CallChannel())
+        shutdown_distributed()
+
+    def _stop_followers(self) -> None:
+        """Multi-host, rank 0: tell the other ranks to stop, then leave the cluster with
+        them (final: a multi-host engine does not restart)."""
+        if isinstance(self.runner, BroadcastRunner) and jax.distributed.is_initialized():
+            self.runner.stop_followers()
+            shutdown_distributed()
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -165,6 +199,7 @@ class Engine:
 
         asyncio.run_coroutine_threadsafe(stop(), self._loop)
         self._thread.join(timeout=10)
+        self._stop_followers()
 
     def __enter__(self) -> Engine:
         return self

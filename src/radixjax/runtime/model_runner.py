@@ -10,7 +10,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache, partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -273,9 +273,17 @@ class ModelRunner:
               token_mask: np.ndarray | None) -> tuple:
         scores = batch.scores or PromptScores.none(batch.shape.num_tokens)
         return (self.params, self.kv, self.req_to_token, self.last_tokens, self.token_counts,
-                *jax.device_put((batch.input_ids, batch.src, scores, batch.md, sp),
-                                self._inputs),
-                self._mask_for(batch, token_mask), jax.device_put(opts.flags(), self._inputs))
+                *self._put((batch.input_ids, batch.src, scores, batch.md, sp)),
+                self._mask_for(batch, token_mask), self._put(opts.flags()))
+
+    def _put(self, tree: Any) -> Any:
+        """Host arrays -> step inputs (replicated on the mesh). Over several processes
+        (multi-host) each one places its own shards: jax.device_put would first check
+        that every process passed equal values, a collective per array."""
+        if self._inputs is None or self._inputs.is_fully_addressable:
+            return jax.device_put(tree, self._inputs)
+        return jax.tree.map(lambda x: jax.make_array_from_callback(
+            np.shape(x), self._inputs, lambda idx: np.asarray(x)[idx]), tree)
 
     @property
     def num_programs(self) -> int:
@@ -298,20 +306,19 @@ class ModelRunner:
                 raise ValueError(f"a request of {slots.size} positions exceeds the table")
             padded = np.zeros(width, np.int32)
             padded[: slots.size] = slots
-            self.req_to_token = self._sync(self.req_to_token, np.int32(row),
-                                           jax.device_put(padded, self._inputs))
+            self.req_to_token = self._sync(self.req_to_token,
+                                           *self._put((np.int32(row), padded)))
 
     def _mask_for(self, batch: HostBatch, token_mask: np.ndarray | None) -> jax.Array:
         b = batch.shape.num_reqs
         width = bitmask_width(self.cfg.vocab_size)
         if token_mask is None:
             if b not in self._no_mask:
-                self._no_mask[b] = jax.device_put(np.full((b, width), -1, np.int32),
-                                                  self._inputs)
+                self._no_mask[b] = self._put(np.full((b, width), -1, np.int32))
             return self._no_mask[b]
         if token_mask.shape != (b, width):
             raise ValueError(f"token_mask shape {token_mask.shape} does not fit the batch")
-        return jax.device_put(token_mask, self._inputs)
+        return self._put(token_mask)
 
     def step(self, batch: HostBatch, sp: SamplingArrays, opts: StepOptions,
              token_mask: np.ndarray | None = None) -> StepOutput:
@@ -334,7 +341,7 @@ class ModelRunner:
     def all_logits(self, batch: HostBatch) -> np.ndarray:
         """[real tokens, V] logits of every new token (tests and prompt logprobs)."""
         self._sync_rows(batch)
-        ids, src, md = jax.device_put((batch.input_ids, batch.src, batch.md), self._inputs)
+        ids, src, md = self._put((batch.input_ids, batch.src, batch.md))
         logits, self.kv, self.req_to_token = self._logits(
             self.params, self.kv, self.req_to_token, ids, src, md)
         num_real = int(batch.md.q_len.sum())

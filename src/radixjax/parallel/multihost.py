@@ -1,0 +1,169 @@
+"""Multi-host serving on jax.distributed: one global mesh over every process's devices.
+
+    rank 0:   HTTP + scheduler; its ModelRunner is a `BroadcastRunner`: before each call
+              that touches the devices (a step, a state reset) it publishes the call
+              (method name, host arguments) as message n in the coordination service's
+              key-value store, then makes the call itself
+    rank > 0: `follow(runner)`: reads message 0, 1, 2, ... and makes the same calls on
+              an identical ModelRunner, so every process dispatches the same programs in
+              the same order (what a program over a multi-process mesh requires)
+
+The store is jax.distributed's own (gRPC, hosted by rank 0's process); a message is a
+pickled tuple of numpy arrays and small dataclasses (a few KB for a step). Failures end
+the others instead of hanging them: a follower whose rank 0 is gone gets an error from
+its next read; rank 0 learns of a dead follower from the collective of its next step
+or, when idle, from the coordination service's heartbeats (`heartbeat_timeout_s`).
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+log = logging.getLogger(__name__)
+
+KEY = "radixjax/call/{}"
+KEEP = 4  # messages kept in the store: every rank has made call n - KEEP (see publish)
+STOP = "stop"
+
+
+class MultiHostError(RuntimeError):
+    """A rank died or stopped answering: this process cannot serve alone."""
+
+
+@dataclass(frozen=True)
+class DistConfig:
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None  # "host:port" of rank 0's coordination service
+    heartbeat_timeout_s: int = 10  # a rank silent this long is declared dead
+    init_timeout_s: int = 300  # how long ranks wait for each other at start
+
+    def __post_init__(self) -> None:
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"need 0 <= node_rank < nnodes, got {self.node_rank}, "
+                             f"{self.nnodes}")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise ValueError("--nnodes > 1 needs --dist-init-addr HOST:PORT (rank 0's)")
+
+    @property
+    def is_multihost(self) -> bool:
+        return self.nnodes > 1
+
+    @property
+    def is_leader(self) -> bool:
+        return self.node_rank == 0
+
+
+def init_distributed(config: DistConfig) -> None:
+    """Join the jax.distributed cluster (before anything touches a device): afterwards
+    jax.devices() lists every process's devices."""
+    jax.distributed.initialize(
+        config.dist_init_addr, num_processes=config.nnodes, process_id=config.node_rank,
+        initialization_timeout=config.init_timeout_s,
+        heartbeat_timeout_seconds=config.heartbeat_timeout_s)
+    log.info("rank %d of %d: %d devices, %d local", config.node_rank, config.nnodes,
+             jax.device_count(), jax.local_device_count())
+
+
+def shutdown_distributed() -> None:
+    """Leave the cluster together: every rank waits for the others here (a rank 0 that
+    exited first would take the coordination service away from the rest)."""
+    try:
+        jax.distributed.shutdown()
+    except Exception as e:  # noqa: BLE001
+        raise MultiHostError(f"leaving the cluster failed: {e}") from e
+
+
+def _client() -> Any:
+    from jax._src import distributed  # the coordination service's client (no public API)
+
+    client = distributed.global_state.client
+    if client is None:
+        raise MultiHostError("jax.distributed is not initialized")
+    return client
+
+
+def wait_for_ranks(name: str, timeout_s: float) -> None:
+    """Every rank reaches this point (e.g. its step programs are compiled) or all raise."""
+    try:
+        _client().wait_at_barrier(f"radixjax/{name}", int(timeout_s * 1000))
+    except Exception as e:  # noqa: BLE001
+        raise MultiHostError(f"ranks did not all reach {name!r}: {e}") from e
+
+
+class CallChannel:
+    """Numbered messages from rank 0 to every other rank through the key-value store."""
+
+    def __init__(self, poll_s: float = 1.0) -> None:
+        self._client = _client()
+        self._next = 0
+        self._poll_ms = int(poll_s * 1000)
+
+    def publish(self, name: str, args: tuple) -> None:
+        n = self._next
+        self._client.key_value_set_bytes(KEY.format(n), pickle.dumps((name, args)))
+        # Call n - KEEP was read by every rank: rank 0 has since waited on the output of
+        # a later step, whose collectives needed every rank to have made it.
+        if n >= KEEP:
+            self._client.key_value_delete(KEY.format(n - KEEP))
+        self._next = n + 1
+
+    def receive(self) -> tuple[str, tuple]:
+        """The next message; waits as long as rank 0 is alive and quiet."""
+        key = KEY.format(self._next)
+        while True:
+            try:
+                data = self._client.blocking_key_value_get_bytes(key, self._poll_ms)
+                break
+            except Exception as e:  # noqa: BLE001 - the client raises plain errors
+                if "DEADLINE_EXCEEDED" not in str(e):
+                    raise MultiHostError(f"lost rank 0's coordination service: {e}") from e
+        self._next += 1
+        return pickle.loads(data)
+
+
+class BroadcastRunner:
+    """Rank 0's ModelRunner: device calls are published before they are made; the rest
+    of the runner (buckets, counters, warm-up) is the wrapped runner's."""
+
+    BROADCAST = ("step", "reset_state", "all_logits")
+
+    def __init__(self, runner: Any, channel: CallChannel) -> None:
+        self._runner, self._channel = runner, channel
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._runner, name)
+        if name not in self.BROADCAST:
+            return attr
+
+        def call(*args: Any) -> Any:
+            self._channel.publish(name, args)
+            return attr(*args)
+
+        return call
+
+    def stop_followers(self) -> None:
+        self._channel.publish(STOP, ())
+
+
+def follow(runner: Any, channel: CallChannel) -> None:
+    """Rank > 0: make rank 0's device calls until it says stop. Outputs are dropped (rank
+    0 reads them); each step is waited on so that a failed collective surfaces here."""
+    calls = 0
+    t0 = time.monotonic()
+    while True:
+        name, args = channel.receive()
+        if name == STOP:
+            log.info("rank 0 stopped after %d calls (%.0f s)", calls, time.monotonic() - t0)
+            return
+        if name not in BroadcastRunner.BROADCAST:
+            raise MultiHostError(f"unknown call {name!r} from rank 0")
+        out = getattr(runner, name)(*args)
+        jax.block_until_ready(out)
+        calls += 1

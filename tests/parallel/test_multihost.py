@@ -1,0 +1,212 @@
+"""Multi-host serving on jax.distributed: two CPU processes on loopback (one device each),
+one global mesh, `--tp 2` across them; rank 0 serves HTTP and publishes each step to
+rank 1. Checks: the collectives we rely on are right across processes; concurrent
+greedy and seeded requests give the same tokens as one device in one process; a rank
+that dies or stops ends the other in bounded time, never a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.server.conftest import Launched, free_port, wait_healthy, wait_idle
+from tests.tiny_models import save_char_tokenizer
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = dict(num_slots=2048, max_running=8, max_context=256, max_prefill_tokens=64,
+              chunk_size=32)
+FLAGS = ["--num-slots", "2048", "--max-running", "8", "--context-length", "256",
+         "--max-prefill-tokens", "64", "--chunk-size", "32", "--dist-timeout", "5"]
+# Prompts with shared prefixes (radix hits), short and long (chunked prefill).
+PROMPTS = [f"Rule {i % 3}: be brief. " * (1 + i % 4) + f"Question {i}?" for i in range(12)]
+SEEDED = [{"temperature": 1.0, "top_p": 0.9, "seed": 10 + i} for i in range(4)]
+
+
+def env() -> dict:
+    # XLA's backend optimisation off: the tiny model is compile-bound, numbers unchanged.
+    return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
+                XLA_FLAGS="--xla_backend_optimization_level=0")
+
+
+def launch_rank(model: Path, rank: int, coordinator: int, extra: list[str] = ()) -> Launched:
+    log = open(model.parent / f"rank{rank}-{coordinator}.log", "w+")  # noqa: SIM115
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "radixjax.launch_server", "--model", str(model),
+         "--port", str(port), "--tp", "2", "--nnodes", "2", "--node-rank", str(rank),
+         "--dist-init-addr", f"127.0.0.1:{coordinator}", *FLAGS, *extra],
+        cwd=ROOT, env=env(), stdout=log, stderr=subprocess.STDOUT, text=True)
+    return Launched(proc, f"http://127.0.0.1:{port}", log)
+
+
+def launch_pair(model: Path, extra: list[str] = ()) -> tuple[Launched, Launched]:
+    coordinator = free_port()
+    follower = launch_rank(model, 1, coordinator, extra)
+    return launch_rank(model, 0, coordinator, extra), follower
+
+
+def exit_code(launched: Launched, timeout: float) -> tuple[int | None, str]:
+    """The process's return code within timeout (None: still running) and its log."""
+    try:
+        launched.proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    launched.log.seek(0)
+    return launched.proc.poll(), launched.log.read()
+
+
+def stop(*launched: Launched) -> None:
+    for x in launched:
+        x.proc.kill()
+        x.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir, tmp_path_factory) -> Path:
+    """The tiny llama with a one-character tokenizer (text in, text out)."""
+    folder = tmp_path_factory.mktemp("multihost") / "tiny-llama"
+    folder.mkdir()
+    src = Path(tiny_model_dir("llama"))
+    for name in ("config.json", "model.safetensors"):
+        (folder / name).write_bytes((src / name).read_bytes())
+    return save_char_tokenizer(folder)
+
+
+@pytest.fixture(scope="module")
+def cluster(model):
+    """Rank 0 and rank 1 serving; /health answers once both compiled their programs."""
+    leader, follower = launch_pair(model)
+    try:
+        wait_healthy(leader)
+    except RuntimeError:
+        stop(leader, follower)
+        raise
+    yield leader, follower
+    stop(leader, follower)
+
+
+@pytest.fixture(scope="module")
+def reference(model) -> dict:
+    """The same requests on one device in this process."""
+    from radixjax.engine.engine import Engine
+    from radixjax.sampling.params import SamplingParams
+
+    with Engine(str(model), **CONFIG) as engine:
+        greedy = engine.generate(PROMPTS, SamplingParams(max_new_tokens=12, temperature=0))
+        seeded = [engine.generate(PROMPTS[i], SamplingParams(max_new_tokens=12, **sp))
+                  for i, sp in enumerate(SEEDED)]
+    return {"greedy": [o.token_ids for o in greedy], "seeded": [o.token_ids for o in seeded]}
+
+
+def test_collectives_across_processes(model) -> None:
+    """psum, all_gather, psum_scatter and all_to_all over two processes (gloo) against
+    numpy, at the model's sizes and at jax issue 40830's (4 MiB float64 chunks). The step
+    programs use all-reduce, all-gather and (MoE) all-to-all (test_sharding.py)."""
+    port = free_port()
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "tests.parallel.multihost_checks", str(port), str(rank)],
+        cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank in (1, 0)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    for proc, out in zip(procs, outs, strict=True):
+        lines = [x for x in out.splitlines() if x.startswith("RESULT ")]
+        assert proc.returncode == 0 and lines, out[-3000:]
+        wrong = json.loads(lines[-1].removeprefix("RESULT "))
+        assert wrong and not any(wrong.values()), wrong
+
+
+def test_concurrent_requests_equal_one_device(cluster, reference) -> None:
+    leader, _ = cluster
+
+    def native(prompt: str, sampling: dict) -> list[int]:
+        r = httpx.post(leader.url + "/generate", timeout=120, json={
+            "text": prompt, "sampling_params": {"max_new_tokens": 12, **sampling}})
+        assert r.status_code == 200, r.text
+        return r.json()["output_ids"]
+
+    client = openai.OpenAI(base_url=leader.url + "/v1", api_key="none", max_retries=0)
+
+    def completion(prompt: str) -> str:
+        return client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=12,
+                                         temperature=0).choices[0].text
+
+    with ThreadPoolExecutor(16) as pool:
+        greedy = [pool.submit(native, p, {"temperature": 0}) for p in PROMPTS]
+        seeded = [pool.submit(native, PROMPTS[i], sp) for i, sp in enumerate(SEEDED)]
+        texts = [pool.submit(completion, p) for p in PROMPTS[:4]]
+        assert [f.result() for f in greedy] == reference["greedy"]
+        assert [f.result() for f in seeded] == reference["seeded"]
+        # the char tokenizer: one character per token
+        assert [f.result() for f in texts] == [
+            "".join(map(chr_of, ids)) for ids in reference["greedy"][:4]]
+    stats = wait_idle(leader.url)
+    assert stats["num_late_compiles"] == 0 and stats["kv_held"] == 0
+    assert stats["num_failures"] == 0
+
+
+def chr_of(token_id: int) -> str:
+    return chr(32 + token_id) if token_id < 95 else chr(0x100 + token_id - 95)
+
+
+def test_killing_rank_1_ends_rank_0(cluster) -> None:
+    """A request in flight gets an error (or its connection closes); rank 0 exits with
+    the coordination service's error within its heartbeat timeout."""
+    leader, follower = cluster
+    body = {"text": PROMPTS[0], "stream": True,
+            "sampling_params": {"max_new_tokens": 200, "temperature": 0}}
+    events = []
+    with httpx.stream("POST", leader.url + "/generate", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        events.append(next(lines))
+        follower.proc.send_signal(signal.SIGKILL)
+        t0 = time.monotonic()
+        try:
+            events.extend(lines)
+        except httpx.HTTPError as e:  # rank 0 went down mid-stream
+            events.append(repr(e))
+    assert any("error" in e.lower() for e in events[1:]), events[-3:]
+    code, log = exit_code(leader, timeout=30)
+    assert code not in (None, 0), log[-2000:]
+    assert "unhealthy" in log or "Gloo" in log, log[-2000:]
+    assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_rank_0_going_away_ends_rank_1(model, how) -> None:
+    """Stopped (SIGTERM): rank 1 is told and exits 0. Killed: rank 1 loses the
+    coordination service and exits with that error. (No warm-up: no step runs.)"""
+    leader, follower = launch_pair(model, ["--no-warmup"])
+    try:
+        wait_healthy(leader)
+        leader.proc.send_signal(signal.SIGTERM if how == "stop" else signal.SIGKILL)
+        code, log = exit_code(follower, timeout=30)
+        if how == "stop":
+            assert code == 0, log[-2000:]
+            # uvicorn re-raises the SIGTERM it handled, after the graceful shutdown
+            assert exit_code(leader, timeout=30)[0] in (0, -signal.SIGTERM)
+        else:  # our read of the next call, or JAX's error poller, whichever is first
+            assert code not in (None, 0), log[-2000:]
+            assert "lost rank 0" in log or "another task died" in log, log[-2000:]
+    finally:
+        stop(leader, follower)
+
+
+def test_dist_config_errors() -> None:
+    from radixjax.parallel.multihost import DistConfig
+
+    with pytest.raises(ValueError, match="node_rank"):
+        DistConfig(nnodes=2, node_rank=2, dist_init_addr="127.0.0.1:1")
+    with pytest.raises(ValueError, match="dist-init-addr"):
+        DistConfig(nnodes=2, node_rank=0)
