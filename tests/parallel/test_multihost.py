@@ -87,7 +87,7 @@ def model(tiny_model_dir, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def cluster(model):
     """Rank 0 and rank 1 serving; /health answers once both compiled their programs."""
-    leader, follower = launch_pair(model)
+    leader, follower = launch_pair(model, ["--enable-debug-endpoints"])
     try:
         wait_healthy(leader)
     except RuntimeError:
@@ -154,6 +154,20 @@ def test_concurrent_requests_equal_one_device(cluster, reference) -> None:
     stats = wait_idle(leader.url)
     assert stats["num_late_compiles"] == 0 and stats["kv_held"] == 0
     assert stats["num_failures"] == 0
+
+
+def test_failed_step_recovers_on_every_rank(cluster, reference) -> None:
+    """A step that raises on rank 0 (the fault hook) fails its request; the state reset
+    that follows reaches rank 1 too, and the next answers are right again."""
+    leader, _ = cluster
+    assert httpx.post(leader.url + "/debug/inject_fault", timeout=10).status_code == 200
+    r = httpx.post(leader.url + "/generate", timeout=60, json={"text": PROMPTS[1]})
+    assert r.status_code == 500 and "injected fault" in r.text
+    r = httpx.post(leader.url + "/generate", timeout=60, json={
+        "text": PROMPTS[2], "sampling_params": {"max_new_tokens": 12, "temperature": 0}})
+    assert r.json()["output_ids"] == reference["greedy"][2]
+    stats = wait_idle(leader.url)
+    assert stats["num_failures"] == 1 and stats["kv_held"] == 0
 
 
 def chr_of(token_id: int) -> str:

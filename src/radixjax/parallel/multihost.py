@@ -28,7 +28,7 @@ import jax
 log = logging.getLogger(__name__)
 
 KEY = "radixjax/call/{}"
-KEEP = 4  # messages kept in the store: every rank has made call n - KEEP (see publish)
+KEEP = 64  # messages kept in the store: every rank has long read call n - KEEP
 STOP = "stop"
 
 
@@ -109,7 +109,7 @@ class CallChannel:
         n = self._next
         self._client.key_value_set_bytes(KEY.format(n), pickle.dumps((name, args)))
         # Call n - KEEP was read by every rank: rank 0 has since waited on the output of
-        # a later step, whose collectives needed every rank to have made it.
+        # later steps (at most two are in flight), whose collectives needed every rank.
         if n >= KEEP:
             self._client.key_value_delete(KEY.format(n - KEEP))
         self._next = n + 1
@@ -154,7 +154,9 @@ class BroadcastRunner:
 
 def follow(runner: Any, channel: CallChannel) -> None:
     """Rank > 0: make rank 0's device calls until it says stop. Outputs are dropped (rank
-    0 reads them); each step is waited on so that a failed collective surfaces here."""
+    0 reads them); each step is waited on so that a failed collective surfaces here. A call
+    that raises raised on rank 0 too (same code, same inputs): rank 0's scheduler fails
+    that step's requests and resets the state, a reset that comes here as the next call."""
     calls = 0
     t0 = time.monotonic()
     while True:
@@ -164,6 +166,8 @@ def follow(runner: Any, channel: CallChannel) -> None:
             return
         if name not in BroadcastRunner.BROADCAST:
             raise MultiHostError(f"unknown call {name!r} from rank 0")
-        out = getattr(runner, name)(*args)
-        jax.block_until_ready(out)
+        try:
+            jax.block_until_ready(getattr(runner, name)(*args))
+        except Exception:  # noqa: BLE001 - logged; rank 0 reports it to its requests
+            log.exception("call %d (%s) failed", calls, name)
         calls += 1
