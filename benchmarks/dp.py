@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import subprocess
 import sys
 import time
@@ -138,8 +139,8 @@ def main() -> None:
             try:
                 got = asyncio.run(run(f"http://127.0.0.1:{args.port}", texts,
                                       args.concurrency, args.max_tokens))
-            finally:
-                r.terminate()
+            finally:  # the router ignores SIGTERM
+                r.send_signal(signal.SIGINT)
                 r.wait(timeout=30)
             late = sum(late_compiles(w.spec.url) for w in workers)
             rows.append((f"sglang-router + {args.dp} servers", policy, got, late))

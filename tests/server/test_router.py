@@ -6,6 +6,7 @@ request sent to a worker directly, and each tenant's requests all land on one wo
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import tempfile
@@ -62,8 +63,18 @@ def router(workers):
             pytest.fail(f"the router did not start: {log.read()[-3000:]}")
         time.sleep(0.5)
     yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    stop_router(proc)
+
+
+def stop_router(proc: subprocess.Popen) -> None:
+    """The router ignores SIGTERM (it outlived terminate() in earlier runs): SIGINT, then
+    SIGKILL if it is still there."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=15)
 
 
 def requests_served(url: str) -> int:
