@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers.servers import RunningServer, ServerSpec  # noqa: E402
+from peers.servers import RunningServer, start_ours  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dp"
 WORDS = ("account", "billing", "delivery", "refund", "policy", "support", "order", "store",
@@ -74,14 +74,12 @@ async def run(url: str, texts: list[str], concurrency: int, max_tokens: int) -> 
 
 
 def server(name: str, port: int, flags: list[str]) -> RunningServer:
-    cmd = (sys.executable, "-m", "radixjax.launch_server", "--host", "127.0.0.1", "--port",
-           str(port), *flags)
-    s = RunningServer(ServerSpec(name, cmd, port), RESULTS / f"{name}.log")
-    for text in ("Warm-up one.", "Warm-up two, a little longer."):
-        httpx.post(s.spec.url + "/generate", timeout=600, json={
-            "text": text, "sampling_params": {"max_new_tokens": 4}}).raise_for_status()
-    httpx.post(s.spec.url + "/flush_cache", timeout=60)
-    return s
+    def warm(url: str) -> None:
+        for text in ("Warm-up one.", "Warm-up two, a little longer."):
+            httpx.post(url + "/generate", timeout=600, json={
+                "text": text, "sampling_params": {"max_new_tokens": 4}}).raise_for_status()
+
+    return start_ours(name, port, flags, RESULTS, warm)
 
 
 def late_compiles(url: str) -> int:

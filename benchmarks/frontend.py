@@ -25,7 +25,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_serving.client import served_model  # noqa: E402
-from peers.servers import RunningServer, ServerSpec  # noqa: E402
+from peers.servers import RunningServer, start_ours  # noqa: E402
 
 from radixjax import lang as sgl  # noqa: E402
 
@@ -78,14 +78,11 @@ def run_one_by_one(url: str, qs: list[dict], max_tokens: int) -> tuple[float, li
 
 
 def start(name: str, port: int, extra: list[str]) -> RunningServer:
-    cmd = (sys.executable, "-m", "radixjax.launch_server", "--host", "127.0.0.1", "--port",
-           str(port), *extra)
-    server = RunningServer(ServerSpec(name, cmd, port), RESULTS / f"{name}.log")
-    backend = sgl.RuntimeEndpoint(server.spec.url)  # warm-up: the same for every server
-    few_shot.run_batch(questions(2, offset=5000), backend=backend, temperature=0,
-                       max_new_tokens=4)
-    httpx.post(server.spec.url + "/flush_cache", timeout=30)
-    return server
+    def warm(url: str) -> None:  # the same for every server
+        few_shot.run_batch(questions(2, offset=5000), backend=sgl.RuntimeEndpoint(url),
+                           temperature=0, max_new_tokens=4)
+
+    return start_ours(name, port, extra, RESULTS, warm)
 
 
 def check_clean(url: str) -> dict:

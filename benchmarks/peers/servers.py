@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,3 +81,15 @@ class RunningServer:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+def start_ours(name: str, port: int, flags: list[str], log_dir: Path,
+               warm: Callable[[str], None]) -> RunningServer:
+    """Our server with these flags, warmed by `warm(url)` (untimed requests), then its
+    radix cache flushed: every measured run starts from the same warm, empty state."""
+    cmd = (sys.executable, "-m", "radixjax.launch_server", "--host", "127.0.0.1", "--port",
+           str(port), *flags)
+    server = RunningServer(ServerSpec(name, cmd, port), log_dir / f"{name}.log")
+    warm(server.spec.url)
+    httpx.post(server.spec.url + "/flush_cache", timeout=60).raise_for_status()
+    return server

@@ -25,10 +25,11 @@ from tests.tiny_models import save_char_tokenizer
 pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = dict(num_slots=2048, max_running=8, max_context=256, max_prefill_tokens=64,
-              chunk_size=32)
-FLAGS = ["--num-slots", "2048", "--max-running", "8", "--context-length", "256",
-         "--max-prefill-tokens", "64", "--chunk-size", "32", "--dist-timeout", "5"]
+# Small buckets (T = 1 .. 16: five step programs), so rank 1 compiles little.
+CONFIG = dict(num_slots=2048, max_running=4, max_context=256, max_prefill_tokens=16,
+              chunk_size=16)
+FLAGS = ["--num-slots", "2048", "--max-running", "4", "--context-length", "256",
+         "--max-prefill-tokens", "16", "--chunk-size", "16", "--dist-timeout", "5"]
 # Prompts with shared prefixes (radix hits), short and long (chunked prefill).
 PROMPTS = [f"Rule {i % 3}: be brief. " * (1 + i % 4) + f"Question {i}?" for i in range(12)]
 SEEDED = [{"temperature": 1.0, "top_p": 0.9, "seed": 10 + i} for i in range(4)]

@@ -29,9 +29,8 @@ import numpy as np
 
 from radixjax.engine.config import EngineConfig, EngineConfigError
 from radixjax.engine.dp_router import DPRouter
-from radixjax.engine.engine import Engine, Prompt, final_output
+from radixjax.engine.engine import Engine, Prompt, batch_inputs, final_output
 from radixjax.engine.output import GenerateOutput, StreamChunk
-from radixjax.engine.scheduler import RequestError
 from radixjax.loaders import load_model
 from radixjax.model.config import ModelConfig
 from radixjax.model.params import Params
@@ -144,17 +143,7 @@ class DataParallelEngine:
                  n: int = 1) -> GenerateOutput | list[GenerateOutput]:
         """Engine.generate over the replicas: each prompt (with its n samples) is routed,
         each replica generates its share as one batch, outputs in input order."""
-        single = isinstance(prompts, str) or (
-            len(prompts) > 0 and isinstance(prompts[0], int | np.integer))
-        plist = [prompts] if single else list(prompts)
-        if not plist:
-            raise RequestError("no prompts given")
-        if isinstance(sampling_params, list | tuple):
-            if len(sampling_params) != len(plist):
-                raise RequestError("need one sampling_params per prompt")
-            sps = list(sampling_params)
-        else:
-            sps = [sampling_params] * len(plist)
+        single, plist, sps = batch_inputs(prompts, sampling_params, n)
         ids = [self._tokenize(p) for p in plist]
         routes = [self._route(p, n) for p in ids]
         shares: dict[int, list[int]] = {}

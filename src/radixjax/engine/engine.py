@@ -52,6 +52,24 @@ def runner_config_for(c: EngineConfig) -> RunnerConfig:
     )
 
 
+def batch_inputs(prompts: Prompt | Sequence[Prompt], sampling_params: Any,
+                 n: int) -> tuple[bool, list[Prompt], list[Any]]:
+    """generate()'s arguments -> (a single prompt?, the prompts, one sampling_params per
+    prompt). A single prompt is text or a list of token ids."""
+    single = isinstance(prompts, str) or (
+        len(prompts) > 0 and isinstance(prompts[0], int | np.integer))
+    plist: list[Prompt] = [prompts] if single else list(prompts)  # type: ignore[list-item]
+    if not plist:
+        raise RequestError("no prompts given")
+    if n < 1:
+        raise RequestError("n must be >= 1")
+    if isinstance(sampling_params, list | tuple):
+        if len(sampling_params) != len(plist):
+            raise RequestError("need one sampling_params per prompt")
+        return single, plist, list(sampling_params)
+    return single, plist, [sampling_params] * len(plist)
+
+
 class Engine:
     """Serves one model with the radix cache and the overlap scheduler.
 
@@ -260,22 +278,11 @@ class Engine:
         once and batched by the scheduler; `sampling_params` is one for all or a list,
         one per prompt. `n` samples per prompt share its KV. Returns one output for a
         single prompt with n == 1, else a prompt-major list."""
-        single = isinstance(prompts, str) or (
-            len(prompts) > 0 and isinstance(prompts[0], int | np.integer))
-        plist: list[Prompt] = [prompts] if single else list(prompts)  # type: ignore[list-item]
-        if not plist:
-            raise RequestError("no prompts given")
-        if n < 1:
-            raise RequestError("n must be >= 1")
+        single, plist, per_prompt = batch_inputs(prompts, sampling_params, n)
         if self._on_loop():
             raise RuntimeError("generate() would block the scheduler's loop: use "
                                "generate_stream() / agenerate() there")
-        if isinstance(sampling_params, list | tuple):
-            if len(sampling_params) != len(plist):
-                raise RequestError("need one sampling_params per prompt")
-            sps = [self._sampling(s) for s in sampling_params]
-        else:
-            sps = [self._sampling(sampling_params)] * len(plist)
+        sps = [self._sampling(s) for s in per_prompt]
         reqs = [self._make_req(self._tokenize(p), sp, i)
                 for p, sp in zip(plist, sps, strict=True) for i in range(n)]
         self._attach_grammars(reqs)  # on the caller's thread: never on the loop
