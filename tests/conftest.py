@@ -70,20 +70,11 @@ def background_servers():
 def server(background_servers):
     """One warmed real server (SmolLM2) that every server-level test shares; after all of
     them nothing compiled late and no request holds KV. Once it is up (its step programs
-    are then in the compile cache), the limited server and the router test's two workers
-    start in the background."""
-    from tests.server.conftest import (
-        LIMITED_ARGS,
-        ROUTER_WORKER_ARGS,
-        launch_server,
-        running_server,
-        wait_idle,
-    )
+    are then in the compile cache), the second, limited server starts in the background."""
+    from tests.server.conftest import LIMITED_ARGS, launch_server, running_server, wait_idle
 
     with running_server(["--enable-debug-endpoints", "--max-request-bytes", "1000000"]) as url:
         background_servers.setdefault("limited", launch_server(LIMITED_ARGS))
-        for name, flags in ROUTER_WORKER_ARGS.items():  # stopped by test_router.py
-            background_servers.setdefault(name, launch_server(flags))
         yield url
         stats = wait_idle(url)
         assert stats["num_late_compiles"] == 0, "a step compiled after warm-up"

@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from radixjax.engine.config import ATTENTION_BACKENDS, POLICIES
+from radixjax.engine.config import ATTENTION_BACKENDS, DISAGGREGATION_MODES, POLICIES
 from radixjax.engine.dp_router import DP_POLICIES
 from radixjax.server.limits import Limits
 
@@ -75,6 +75,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "to the least loaded replica, or in turn")
     g.add_argument("--ep", type=int, default=1,
                    help="expert-parallel groups inside the TP group (MoE); must divide --tp")
+    g = p.add_argument_group("prefill-decode disaggregation (docs/disaggregation.md)")
+    g.add_argument("--disaggregation-mode", choices=DISAGGREGATION_MODES, default="null",
+                   help="prefill: compute prompts and hand their KV over; decode: fetch "
+                        "the KV from the prefill server named in each request, then decode")
+    g.add_argument("--disaggregation-timeout", type=float, default=30.0,
+                   help="seconds a room waits for its prefill, its fetch or its pull")
     g = p.add_argument_group("multi-host on jax.distributed (docs/scale_out.md)")
     g.add_argument("--nnodes", type=int, default=1,
                    help="processes (hosts) in the cluster; --tp spans all their devices")
@@ -110,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         policy=args.policy, enable_cache=not args.disable_radix_cache,
         enable_overlap=not args.disable_overlap, enable_mixed=args.enable_mixed,
         dtype=args.dtype, attention_backend=args.attention_backend, tp=args.tp, ep=args.ep,
+        disaggregation_mode=args.disaggregation_mode,
+        disaggregation_timeout=args.disaggregation_timeout,
         warmup=not args.no_warmup,  # every step program, before /health answers
         **({"dist": dist} if dist.is_multihost else {}),
         **({"dp": args.dp, "dp_policy": args.load_balance_method} if args.dp > 1 else {}),

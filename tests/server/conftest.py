@@ -88,9 +88,6 @@ def wait_idle(url: str, timeout: float = 30.0) -> dict:
 
 
 LIMITED_ARGS = ["--api-key", "s3cret", "--max-concurrent-requests", "1"]
-# tests/server/test_router.py's workers beside the shared server: a plain one and one
-# with two data-parallel replicas (started in the background, stopped by that module).
-ROUTER_WORKER_ARGS = {"router-plain": [], "router-dp2": ["--dp", "2"]}
 
 
 @pytest.fixture(scope="session")

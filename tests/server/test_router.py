@@ -15,13 +15,7 @@ import time
 import httpx
 import pytest
 
-from tests.server.conftest import (
-    ROUTER_WORKER_ARGS,
-    free_port,
-    launch_server,
-    wait_healthy,
-    wait_idle,
-)
+from tests.server.conftest import free_port, launch_server, wait_healthy, wait_idle
 
 TENANTS = {
     name: f"You are the assistant of {name}. " + " ".join(
@@ -34,11 +28,11 @@ GREEDY = {"max_new_tokens": 8, "temperature": 0}
 
 
 @pytest.fixture(scope="module")
-def workers(server, background_servers):
-    """The shared server, a plain one and a --dp 2 one: the two started in the background
-    with the shared server (tests/conftest.py) and stopped with this module."""
-    procs = [wait_healthy(background_servers.pop(name, None) or launch_server(flags))
-             for name, flags in ROUTER_WORKER_ARGS.items()]
+def workers(server):
+    """The shared server, a plain one and a --dp 2 one. The two are started here and
+    stopped with this module (started in the background with the shared server, they
+    slowed the rest of the suite more than they saved: CI 2026-12-04)."""
+    procs = [wait_healthy(launch_server(flags)) for flags in ([], ["--dp", "2"])]
     yield [server] + [url for _, url in procs]
     for proc, url in procs:
         stats = wait_idle(url)

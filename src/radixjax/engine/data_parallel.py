@@ -27,10 +27,12 @@ from typing import Any
 import jax
 import numpy as np
 
+from radixjax.disagg.bootstrap import Bootstrap
 from radixjax.engine.config import EngineConfig, EngineConfigError
 from radixjax.engine.dp_router import DPRouter
 from radixjax.engine.engine import Engine, Prompt, batch_inputs, final_output
 from radixjax.engine.output import GenerateOutput, StreamChunk
+from radixjax.engine.scheduler import RequestError
 from radixjax.loaders import load_model
 from radixjax.model.config import ModelConfig
 from radixjax.model.params import Params
@@ -123,7 +125,10 @@ class DataParallelEngine:
     async def generate_stream(self, prompt: Prompt,
                               sampling_params: SamplingParams | dict | None = None,
                               index: int = 0, rid: str | None = None,
+                              bootstrap: Bootstrap | None = None,
                               ) -> AsyncIterator[StreamChunk]:
+        if bootstrap is not None:
+            raise RequestError("disaggregation runs on single-engine servers (no --dp)")
         ids = self._tokenize(prompt)
         k, ticket = self._route(ids)
         try:

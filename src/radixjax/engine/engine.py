@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 import jax
 import numpy as np
 
+from radixjax.disagg.bootstrap import Bootstrap
+from radixjax.disagg.sides import make_side
 from radixjax.engine.config import EngineConfig
 from radixjax.engine.output import GenerateOutput, StreamChunk
 from radixjax.engine.request import Req
@@ -125,6 +127,7 @@ class Engine:
                                   self.layout, device)
         if warmup:
             self.runner.warmup()
+        self.disagg = make_side(self.config, self.runner, warmup)
         if self.dist.is_multihost:  # every rank compiles its own programs: wait for all
             wait_for_ranks("ready", self.dist.init_timeout_s)
             if self.dist.is_leader:
@@ -242,6 +245,25 @@ class Engine:
             return SamplingParams()
         return sp if isinstance(sp, SamplingParams) else SamplingParams(**sp)
 
+    async def _disaggregate(self, req: Req, bootstrap: Bootstrap) -> None:
+        """Prefill engine: the request will export its prompt's KV to its room. Decode
+        engine: fetch the KV and the first token from the prefill server now."""
+        if self.disagg is None:
+            raise RequestError("bootstrap fields need a --disaggregation-mode prefill or "
+                               "decode server")
+        if self.disagg.mode == "prefill":
+            self.disagg.prepare(req, bootstrap.room)
+            return
+
+        async def on_loop(fn: Callable[[], T]) -> T:  # between two step dispatches
+            async def run() -> T:
+                return await self.scheduler.between_steps(fn)
+
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(run(),
+                                                                              self._loop))
+
+        await self.disagg.receive(req, bootstrap, on_loop, self.scheduler)
+
     def _make_req(self, ids: list[int], sp: SamplingParams, index: int,
                   rid: str | None = None) -> Req:
         n = next(self._ids)
@@ -320,13 +342,16 @@ class Engine:
     async def generate_stream(self, prompt: Prompt,
                               sampling_params: SamplingParams | dict | None = None,
                               index: int = 0, rid: str | None = None,
+                              bootstrap: Bootstrap | None = None,
                               ) -> AsyncIterator[StreamChunk]:
         """Stream one request's output as immutable chunks (engine/output.py): text
         deltas that never split a UTF-8 character or show part of a stop string, the new
         ids and their logprobs; the last chunk carries the GenerateOutput. Raises
         EngineError if the engine fails the request. Leaving the iteration early aborts
         the request and frees its KV. `index` offsets the seed (the i-th of n samples); `rid`
-        names the request for `abort` (default: a fresh one)."""
+        names the request for `abort` (default: a fresh one). `bootstrap`: a disaggregated
+        request's prefill server and room (disagg/): a prefill engine exports the prompt's
+        KV there, a decode engine fetches it first."""
         caller = asyncio.get_running_loop()
         # One chunk per step of this request: bounded by its max_new_tokens, which the
         # scheduler clamps to the context.
@@ -336,6 +361,8 @@ class Engine:
         req.on_chunk = lambda chunk: caller.call_soon_threadsafe(queue.put_nowait, chunk)
         if req.sampling.grammar is not None:
             await asyncio.to_thread(self._attach_grammars, [req])
+        if bootstrap is not None:
+            await self._disaggregate(req, bootstrap)
         await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
             _as_coro(lambda: (self.scheduler.validate(req), self.scheduler.add_request(req))),
             self._loop))
@@ -362,7 +389,8 @@ class Engine:
                                     kv_usage=used / usable, kv_held=s.kvm.num_held,
                                     num_late_compiles=self.runner.num_late_compiles,
                                     num_failures=s.num_failures,
-                                    num_step_programs=self.runner.num_programs)
+                                    num_step_programs=self.runner.num_programs,
+                                    **(self.disagg.stats() if self.disagg else {}))
         return self._call(snap)
 
     @property

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -85,6 +85,9 @@ class Req:
     row_synced: bool = False  # the device req_to_token row holds this request's slots
     grammar: Any = None  # grammar/xgr.Matcher of a constrained request (engine/constrained.py)
     out: RequestOutput | None = None  # set when the scheduler takes the request
+    # A prefill server's disaggregated request: called once as it finishes, with the
+    # prompt's slots (None if its KV is not there), before they go back to the tree
+    on_finish_kv: Callable[[Req, str, np.ndarray | None], None] | None = None
     stats: ReqStats = field(default_factory=ReqStats)
 
     @property

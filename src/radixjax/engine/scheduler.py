@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -79,6 +80,7 @@ class Scheduler:
         self.in_flight: InFlight | None = None
         self._num_decode_steps = 0
         self._wakeup: asyncio.Event | None = None
+        self._between: list[tuple[Callable[[], Any], asyncio.Future]] = []
         self.healthy = True  # False while recovering, and for good if recovery failed
         self.num_failures = 0  # steps that raised
         self.last_error: str | None = None
@@ -111,9 +113,27 @@ class Scheduler:
         if req.is_aborted:  # aborted before it got here: remembered, never run
             self._mark_finished(req, "abort")
             return
+        if req.output_ids and req.stats.first_token is None and self._first_token_ends(req):
+            return
         self.waiting.append(req)
         if self._wakeup is not None:
             self._wakeup.set()
+
+    def _first_token_ends(self, req: Req) -> bool:
+        """A disaggregated request arrives with its first token (the prefill server's) and
+        its prompt in the radix tree: emit that token; whether the request ends with it."""
+        new = list(req.output_ids)
+        req.stats.first_token = self.stats.now()
+        req.stats.completion_tokens = len(new)
+        self.stats.num_generated_tokens += len(new)
+        text = req.out.push(new)
+        reason = self._finish_reason(req, new[-1])
+        if reason is not None:
+            self._mark_finished(req, reason, new, text)
+            return True
+        if req.on_chunk is not None:
+            req.on_chunk(req.out.chunk(req, new, text))
+        return False
 
     def validate(self, req: Req) -> None:
         """Raise RequestError for a request this engine can never serve."""
@@ -144,6 +164,7 @@ class Scheduler:
         if req.state is not ReqState.RUNNING:
             return
         self.running.remove(req)
+        self._export_kv(req, reason)
         if self.cfg.enable_cache:
             tokens = req.all_ids[: req.num_computed]
             self.kvm.cache_finished(tokens, req.slots, req.last_node, req.namespace)
@@ -156,6 +177,7 @@ class Scheduler:
     def _mark_finished(self, req: Req, reason: str, new: list[int] = (),
                        text: str = "") -> None:
         """The one exit of every request: its reason set, its last chunk emitted."""
+        self._export_kv(req, reason)  # not done in finish(): there is no KV to export
         req.state = ReqState.FINISHED
         req.finish_reason = reason
         req.stats.finished = self.stats.now()
@@ -163,9 +185,39 @@ class Scheduler:
         if req.on_chunk is not None:
             req.on_chunk(req.out.last_chunk(req, list(new), text))
 
+    @staticmethod
+    def _export_kv(req: Req, reason: str) -> None:
+        """A prefill server's request ends: its hook gets the prompt's slots while the
+        request still owns them (nothing is dispatched before the hook returns)."""
+        hook, req.on_finish_kv = req.on_finish_kv, None
+        if hook is not None:
+            n = len(req.prompt_ids)
+            owned = req.state is ReqState.RUNNING and req.num_computed >= n
+            hook(req, reason, req.slots[:n] if owned and req.slots.size >= n else None)
+
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.in_flight)
+        return bool(self.waiting or self.running or self.in_flight or self._between)
+
+    def between_steps(self, fn: Callable[[], Any]) -> asyncio.Future:
+        """Run fn on the loop between two step dispatches (nothing else then touches the
+        device state: e.g. KV written into the pool by a transfer); its result or error
+        comes back in the future. Call on the scheduler's loop."""
+        future = asyncio.get_running_loop().create_future()
+        self._between.append((fn, future))
+        if self._wakeup is not None:
+            self._wakeup.set()
+        return future
+
+    def _run_between(self) -> None:
+        while self._between:
+            fn, future = self._between.pop(0)
+            try:
+                result = fn()
+            except Exception as e:  # noqa: BLE001 - the caller's error, not the engine's
+                future.set_exception(e)
+            else:
+                future.set_result(result)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -214,6 +266,7 @@ class Scheduler:
         self._fault_pending = True
 
     async def run_once(self) -> None:
+        self._run_between()
         if self.in_flight is not None and (self._decode_may_retract()
                                            or waits_for_host(self.in_flight.batch.reqs)):
             await self._drain()  # retraction, and grammar masks, need the tokens on the host

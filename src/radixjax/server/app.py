@@ -21,11 +21,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from radixjax.disagg.bootstrap import Bootstrap
 from radixjax.engine.engine import Engine, GenerateOutput, StreamChunk
 from radixjax.engine.scheduler import EngineError, RequestError
 from radixjax.lang.chat import role_markers
 from radixjax.sampling.params import SamplingParams, SamplingParamsError
 from radixjax.server import native
+from radixjax.server.disagg_routes import disagg_routes
 from radixjax.server.formats import (
     chat_chunk,
     chat_response,
@@ -137,11 +139,12 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
 
     async def run_one(ids: list[int], sp: SamplingParams, index: int,
                       emit: Callable[[int, StreamChunk], Any] | None,
-                      rid: str | None = None) -> GenerateOutput:
+                      rid: str | None = None,
+                      bootstrap: Bootstrap | None = None) -> GenerateOutput:
         start, last = time.perf_counter(), None
         out = None
         try:
-            async for chunk in engine.generate_stream(ids, sp, index, rid):
+            async for chunk in engine.generate_stream(ids, sp, index, rid, bootstrap):
                 now = time.perf_counter()
                 if chunk.token_ids:
                     metrics.observe_token(now - (last or start), first=last is None)
@@ -159,7 +162,8 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
 
     async def generate(p: Parsed, ids: list[int], emit=None) -> list[GenerateOutput]:
         metrics.requests.inc()
-        return list(await asyncio.gather(*(run_one(ids, p.sampling, i, emit)
+        return list(await asyncio.gather(*(run_one(ids, p.sampling, i, emit,
+                                                   bootstrap=p.bootstrap)
                                            for i in range(p.n))))
 
     def sse(obj: Any) -> bytes:
@@ -254,7 +258,8 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         def run(k: int, emit: Callable | None = None) -> Any:
             item = batch.items[k]
             on = None if emit is None else (lambda _, chunk: emit(k, chunk))
-            return run_one(prompt_ids[k], item.sampling, item.index, on, item.rid)
+            return run_one(prompt_ids[k], item.sampling, item.index, on, item.rid,
+                           item.bootstrap)
 
         if not batch.stream:
             outs = await while_connected(request, asyncio.gather(
@@ -351,6 +356,7 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
     async def server_info(request: Request) -> Response:
         authorize(request)
         return JSONResponse({"model": config.model_name, "pid": os.getpid(),
+                             "disaggregation_mode": engine.config.disaggregation_mode,
                              "num_internal_errors": metrics.num_internal_errors,
                              "engine": asdict(engine.config),
                              "model_config": asdict(engine.model_config),
@@ -368,6 +374,17 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
             raise APIError(404, "Not Found", code="not_found")
         engine.inject_fault()
         return PlainTextResponse("the next step raises")
+
+    async def check_integrity(request: Request) -> Response:
+        """KV accounting (allocator, radix tree, rows; nothing held when idle)."""
+        authorize(request)
+        if not config.enable_debug:
+            raise APIError(404, "Not Found", code="not_found")
+        try:
+            engine.check_integrity()
+        except AssertionError as e:
+            raise APIError(500, f"KV integrity broken: {e}", type_="internal_error") from e
+        return JSONResponse({"ok": True})
 
     async def metrics_endpoint(request: Request) -> Response:
         return Response(metrics.render(engine.stats()), media_type=metrics.content_type)
@@ -411,6 +428,8 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         Route("/flush_cache", flush_cache, methods=["POST"]),  # state-changing: POST only
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/debug/inject_fault", inject_fault, methods=["POST"]),
+        Route("/debug/check_integrity", check_integrity, methods=["GET"]),
+        *disagg_routes(engine, authorize),
     ]
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         APIError: api_error, HTTPException: http_error, ClientGone: client_gone,

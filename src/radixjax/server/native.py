@@ -16,12 +16,15 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
+from radixjax.disagg.bootstrap import FIELDS as BOOTSTRAP_FIELDS
+from radixjax.disagg.bootstrap import Bootstrap, BootstrapError, parse_bootstrap
 from radixjax.engine.output import GenerateOutput, StreamChunk
 from radixjax.sampling.params import MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError
 from radixjax.server.protocol import APIError, bad
 
 REQUEST_FIELDS = {"text", "input_ids", "sampling_params", "rid", "stream", "return_logprob",
-                  "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs"}
+                  "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs",
+                  *BOOTSTRAP_FIELDS}
 # sampling_params: ours by name; SGLang's that we accept only at their neutral value.
 SAMPLING_FIELDS = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
                    "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens",
@@ -52,6 +55,7 @@ class NativeItem:
     return_logprob: bool
     top_logprobs_num: int
     return_text_in_logprobs: bool
+    bootstrap: Bootstrap | None = None  # a disaggregated request (disagg/bootstrap.py)
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,10 @@ def parse_generate(body: Any) -> NativeBatch:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad("'stream' must be a boolean", "stream")
+    try:
+        bootstraps = parse_bootstrap(body, num, batched)
+    except BootstrapError as e:
+        raise bad(str(e)) from e
     items, any_n = [], False
     for i, prompt in enumerate(prompts):
         sp, n = _sampling(fields["sampling_params"][i])
@@ -156,10 +164,13 @@ def parse_generate(body: Any) -> NativeBatch:
         rid = fields["rid"][i] or uuid.uuid4().hex
         if not isinstance(rid, str):
             raise bad("'rid' must be a string", "rid")
+        if n > 1 and bootstraps[i] is not None:
+            raise bad("a disaggregated request takes n = 1", "sampling_params")
         for j in range(n):
             items.append(NativeItem(prompt, sp, j, rid if n == 1 else f"{rid}-{j}", want,
                                     top if want else 0,
-                                    bool(fields["return_text_in_logprobs"][i])))
+                                    bool(fields["return_text_in_logprobs"][i]),
+                                    bootstraps[i]))
     return NativeBatch(items, batched or any_n, stream)
 
 

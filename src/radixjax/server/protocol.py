@@ -3,9 +3,11 @@ an OpenAI-style error body), never an exception from deeper down."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from radixjax.disagg.bootstrap import FIELDS as BOOTSTRAP_FIELDS
+from radixjax.disagg.bootstrap import Bootstrap, BootstrapError, parse_bootstrap
 from radixjax.sampling.params import MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError
 
 
@@ -40,6 +42,7 @@ class Parsed:
     logprobs: bool
     top_logprobs: int
     echo: bool = False
+    bootstrap: Bootstrap | None = None  # a disaggregated request (disagg/bootstrap.py)
 
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
@@ -51,6 +54,7 @@ _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n",
 # accepted only at their neutral value (false / null).
 _SGLANG_IGNORED = {"separate_reasoning", "stream_reasoning"}
 _SGLANG_NEUTRAL = {"continue_final_message", "no_stop_trim", "return_hidden_states"}
+_BOOTSTRAP = set(BOOTSTRAP_FIELDS)  # SGLang's router, in PD mode
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "suffix", "best_of"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "tools", "tool_choice",
                          "parallel_tool_calls"}
@@ -80,7 +84,7 @@ def _check_fields(body: Any, allowed: set[str]) -> None:
     for name in _SGLANG_NEUTRAL & set(body):
         if body[name] not in (None, False):
             raise bad(f"'{name}' is not supported", name)
-    unknown = sorted(set(body) - allowed - _SGLANG_IGNORED - _SGLANG_NEUTRAL)
+    unknown = sorted(set(body) - allowed - _SGLANG_IGNORED - _SGLANG_NEUTRAL - _BOOTSTRAP)
     if unknown:
         raise bad(f"Unrecognized request argument supplied: {', '.join(unknown)}", unknown[0])
     if not isinstance(body.get("model"), str):
@@ -194,8 +198,9 @@ def parse_completion(body: Any, default_max: int) -> Parsed:
         raise bad("'echo' is not supported", "echo")
     top = logprobs or 0
     sp = _with_logprobs(sp, logprobs is not None, top)
-    return Parsed(prompt, None, sp, n, stream, _include_usage(body, stream),
-                  logprobs is not None, top)
+    return _with_bootstrap(body, Parsed(prompt, None, sp, n, stream,
+                                        _include_usage(body, stream), logprobs is not None,
+                                        top))
 
 
 def parse_chat(body: Any, default_max: int) -> Parsed:
@@ -224,7 +229,18 @@ def parse_chat(body: Any, default_max: int) -> Parsed:
     if top and not logprobs:
         raise bad("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
     sp = _with_logprobs(sp, logprobs, top)
-    return Parsed(None, messages, sp, n, stream, _include_usage(body, stream), logprobs, top)
+    return _with_bootstrap(body, Parsed(None, messages, sp, n, stream,
+                                        _include_usage(body, stream), logprobs, top))
+
+
+def _with_bootstrap(body: dict, parsed: Parsed) -> Parsed:
+    try:
+        bootstrap = parse_bootstrap(body, 1, False)[0]
+    except BootstrapError as e:
+        raise bad(str(e)) from e
+    if bootstrap is not None and parsed.n > 1:
+        raise bad("a disaggregated request takes n = 1", "n")
+    return replace(parsed, bootstrap=bootstrap)
 
 
 def _with_logprobs(sp: SamplingParams, logprobs: bool, top: int) -> SamplingParams:

@@ -1,0 +1,169 @@
+"""Prefill-decode disaggregation through SGLang's router in PD mode (sglang-router,
+`--pd-disaggregation`): one prefill server and two decode servers (SmolLM2, the suite's
+shared runner configuration) on loopback. The router sends each request to a prefill
+and a decode server with a bootstrap room; the decode server fetches the prompt's KV and
+first token from the prefill server (jax.experimental.transfer) and decodes.
+
+Checks: 32 greedy requests with shared prefixes, 8 at a time, give the unified shared
+server's text, with one decode server and with two (both used); a fetch the prefill
+never answers times out with a clear error; a killed prefill server gives clients a
+clear error; KV integrity holds on the survivors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+from tests.server.conftest import MODEL, free_port, launch_server, wait_healthy, wait_idle
+from tests.server.test_router import stop_router
+
+SYSTEMS = [f"You are assistant number {k}. " + " ".join(
+    f"Guideline {i}: reply to topic {k} carefully, briefly and kindly." for i in range(3 + 9 * k))
+    for k in range(4)]  # ~50 to ~400 tokens: one piece of KV, or several
+QUESTIONS = ["What is a cat?", "Name a color.", "Say hello.", "Count to three.",
+             "What is rain?", "Tell me a fruit.", "Why is the sky blue?", "Give a number."]
+PROMPTS = [s + "\nQuestion: " + q for s in SYSTEMS for q in QUESTIONS]  # 32
+GREEDY = {"max_new_tokens": 8, "temperature": 0}
+DEBUG = ["--enable-debug-endpoints"]
+
+
+def router(prefill: str, decodes: list[str]) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    log = tempfile.TemporaryFile("w+")
+    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+           "--port", str(port), "--prometheus-port", str(free_port()), "--pd-disaggregation",
+           "--prefill", prefill, prefill.rsplit(":", 1)[1]]  # bootstrap port: its HTTP port
+    for d in decodes:
+        cmd += ["--decode", d]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            log.seek(0)
+            stop_router(proc)
+            pytest.fail(f"the router did not start: {log.read()[-3000:]}")
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def pd(server):
+    """(prefill, [decode, decode with a 5 s timeout]) server URLs."""
+    launched = [launch_server(["--disaggregation-mode", "prefill", *DEBUG]),
+                launch_server(["--disaggregation-mode", "decode", *DEBUG]),
+                launch_server(["--disaggregation-mode", "decode", "--disaggregation-timeout",
+                               "5", *DEBUG])]
+    procs = []
+    try:
+        procs = [wait_healthy(x) for x in launched]
+        yield procs[0][1], [url for _, url in procs[1:]]
+    finally:
+        for x in launched:
+            x.proc.terminate()
+        for x in launched:
+            x.proc.wait(timeout=30)
+
+
+def generate_all(url: str, prompts: list[str]) -> list[str]:
+    def one(prompt: str) -> str:
+        r = httpx.post(url + "/generate", timeout=120,
+                       json={"text": prompt, "sampling_params": GREEDY})
+        assert r.status_code == 200, r.text
+        return r.json()["text"]
+
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(one, prompts))
+
+
+def served(url: str) -> int:
+    return httpx.get(url + "/get_server_info", timeout=10).json()["stats"]["num_requests"]
+
+
+def integrity(url: str) -> None:
+    stats = wait_idle(url)
+    assert stats["kv_held"] == 0 and stats["num_late_compiles"] == 0, stats
+    r = httpx.get(url + "/debug/check_integrity", timeout=30)
+    assert r.status_code == 200, r.text
+
+
+def test_pd_text_equals_unified_with_one_and_two_decode_servers(server, pd) -> None:
+    prefill, decodes = pd
+    unified = generate_all(server, PROMPTS)
+    for used in (decodes[:1], decodes):
+        proc, url = router(prefill, used)
+        try:
+            before = [served(d) for d in decodes]
+            assert generate_all(url, PROMPTS) == unified
+            grew = [served(d) - b for d, b in zip(decodes, before, strict=True)]
+            assert all(g > 0 for g in grew[:len(used)]), grew
+            if len(used) == 2:  # the OpenAI API through the PD router too
+                client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+                direct = openai.OpenAI(base_url=server + "/v1", api_key="none")
+                ask = dict(model=MODEL, max_tokens=8, temperature=0,
+                           messages=[{"role": "user", "content": QUESTIONS[0]}])
+                assert (client.chat.completions.create(**ask).choices[0].message.content
+                        == direct.chat.completions.create(**ask).choices[0].message.content)
+        finally:
+            stop_router(proc)
+    # every answer came through a transfer: the prefill server handed over as many
+    # rooms as the decode servers received (2 x 32 + the chat)
+    got = [httpx.get(u + "/get_server_info", timeout=10).json()["stats"]
+           for u in (prefill, *decodes)]
+    assert got[0]["disagg_transfers"] == got[1]["disagg_transfers"] + got[2][
+        "disagg_transfers"] == 2 * len(PROMPTS) + 1, got
+    assert all(s["num_failures"] == 0 for s in got) and got[0]["disagg_failed"] == 0
+    for url in (prefill, *decodes):
+        integrity(url)
+
+
+def test_a_fetch_the_prefill_never_answers_times_out(pd) -> None:
+    """The decode server with a 5 s timeout, a room the prefill server never saw."""
+    prefill, decodes = pd
+    host, port = prefill.removeprefix("http://").split(":")
+    t0 = time.monotonic()
+    r = httpx.post(decodes[1] + "/generate", timeout=60, json={
+        "text": PROMPTS[0], "sampling_params": GREEDY, "bootstrap_host": host,
+        "bootstrap_port": int(port), "bootstrap_room": 12345})
+    assert r.status_code == 500 and "did not finish within 5 s" in r.text, r.text
+    assert time.monotonic() - t0 < 30
+    integrity(decodes[1])
+
+
+def test_bad_bootstrap_fields_are_400(pd) -> None:
+    _, decodes = pd
+    r = httpx.post(decodes[0] + "/generate", timeout=30, json={
+        "text": "Hi", "bootstrap_host": "127.0.0.1", "bootstrap_port": "x",
+        "bootstrap_room": 1})
+    assert r.status_code == 400 and "bootstrap_port" in r.text
+
+
+def test_killed_prefill_server_gives_a_clear_error(pd) -> None:
+    """Last: the prefill server is killed; requests through the router fail with an
+    error naming it, and the decode servers hold no KV and keep serving."""
+    prefill, decodes = pd
+    proc, url = router(prefill, decodes)
+    try:
+        pid = httpx.get(prefill + "/get_server_info", timeout=10).json()["pid"]
+        os.kill(pid, signal.SIGKILL)
+        r = httpx.post(url + "/generate", timeout=60,
+                       json={"text": PROMPTS[3], "sampling_params": GREEDY})
+        assert r.status_code >= 500 and "prefill server" in r.text, r.text
+    finally:
+        stop_router(proc)
+    for d in decodes:
+        integrity(d)
+        assert httpx.get(d + "/health", timeout=10).status_code == 200
