@@ -79,10 +79,12 @@ async def itl_run(url: str, streams: int, arrivals: int, words: int, offset: int
                                               "a time", 96, stamps[k]))
                    for k in range(streams)]
         await asyncio.sleep(1.0)
+        arriving = []
         for i in range(arrivals):
-            asyncio.create_task(stream(client, url, long_prompt(offset + 100 + i, words), 4))
+            arriving.append(asyncio.create_task(
+                stream(client, url, long_prompt(offset + 100 + i, words), 4)))
             await asyncio.sleep(1.5)
-        await asyncio.gather(*running)
+        await asyncio.gather(*running, *arriving)
     gaps = sorted(b - a for s in stamps for a, b in zip(s[1:], s[2:], strict=False))
     return {"itl_p50_ms": 1e3 * gaps[len(gaps) // 2],
             "itl_p99_ms": 1e3 * gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))]}

@@ -33,15 +33,17 @@ class Launched(NamedTuple):
     log: IO[str]
 
 
-def launch_server(extra: list[str] = ()) -> Launched:
-    """Start a server process; `wait_healthy` waits for it."""
+def launch_server(extra: list[str] = (), base: list[str] = SERVER_ARGS,
+                  env: dict[str, str] | None = None) -> Launched:
+    """Start a server process (SmolLM2 with the shared flags, unless `base` says other);
+    `wait_healthy` waits for it."""
     # The server's output goes to a file, never an unread pipe: a pipe that fills up
     # (64 KB of logs) would block the server's event loop on its next write.
     log = tempfile.TemporaryFile("w+")
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "radixjax.launch_server", "--port", str(port), *SERVER_ARGS,
-         *extra], stdout=log, stderr=subprocess.STDOUT, text=True)
+        [sys.executable, "-m", "radixjax.launch_server", "--port", str(port), *base,
+         *extra], stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
     return Launched(proc, f"http://127.0.0.1:{port}", log)
 
 

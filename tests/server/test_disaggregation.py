@@ -1,13 +1,15 @@
 """Prefill-decode disaggregation through SGLang's router in PD mode (sglang-router,
-`--pd-disaggregation`): one prefill server and two decode servers (SmolLM2, the suite's
-shared runner configuration) on loopback. The router sends each request to a prefill
-and a decode server with a bootstrap room; the decode server fetches the prompt's KV and
-first token from the prefill server (jax.experimental.transfer) and decodes.
+`--pd-disaggregation`): one prefill server and two decode servers on loopback, beside a
+unified server with the same flags (the tiny llama with a one-character tokenizer: the
+test is about the flow, and the tiny model keeps it cheap). The router sends each request
+to a prefill and a decode server with a bootstrap room; the decode server fetches the
+prompt's KV and first token from the prefill server (jax.experimental.transfer) and
+decodes.
 
-Checks: 32 greedy requests with shared prefixes, 8 at a time, give the unified shared
-server's text, with one decode server and with two (both used); a fetch the prefill
-never answers times out with a clear error; a killed prefill server gives clients a
-clear error; KV integrity holds on the survivors."""
+Checks: 32 greedy requests with shared prefixes (some longer than one 256-token piece),
+8 at a time, give the unified server's text, with one decode server and with two (both
+used); chat too; a fetch the prefill never answers times out with a clear error; a
+killed prefill server gives clients a clear error; KV integrity holds on the survivors."""
 
 from __future__ import annotations
 
@@ -18,22 +20,29 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from tests.server.conftest import MODEL, free_port, launch_server, wait_healthy, wait_idle
+from tests.server.conftest import free_port, launch_server, wait_healthy, wait_idle
 from tests.server.test_router import stop_router
+from tests.tiny_models import save_char_tokenizer
 
-SYSTEMS = [f"You are assistant number {k}. " + " ".join(
-    f"Guideline {i}: reply to topic {k} carefully, briefly and kindly." for i in range(3 + 9 * k))
-    for k in range(4)]  # ~50 to ~400 tokens: one piece of KV, or several
+pytest.importorskip("torch")
+
+SYSTEMS = [f"System {k}: " + " ".join(f"Rule {i} for topic {k}: be kind." for i in range(
+    2 + 8 * k)) for k in range(4)]  # ~40 to ~700 tokens: one piece of KV, or three
 QUESTIONS = ["What is a cat?", "Name a color.", "Say hello.", "Count to three.",
              "What is rain?", "Tell me a fruit.", "Why is the sky blue?", "Give a number."]
 PROMPTS = [s + "\nQuestion: " + q for s in SYSTEMS for q in QUESTIONS]  # 32
-GREEDY = {"max_new_tokens": 8, "temperature": 0}
-DEBUG = ["--enable-debug-endpoints"]
+GREEDY = {"max_new_tokens": 12, "temperature": 0}
+MODEL = "tiny-llama"
+FLAGS = ["--num-slots", "4096", "--max-running", "8", "--context-length", "1024",
+         "--max-prefill-tokens", "128", "--chunk-size", "128", "--enable-debug-endpoints"]
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
 
 
 def router(prefill: str, decodes: list[str]) -> tuple[subprocess.Popen, str]:
@@ -61,16 +70,40 @@ def router(prefill: str, decodes: list[str]) -> tuple[subprocess.Popen, str]:
 
 
 @pytest.fixture(scope="module")
-def pd(server):
-    """(prefill, [decode, decode with a 5 s timeout]) server URLs."""
-    launched = [launch_server(["--disaggregation-mode", "prefill", *DEBUG]),
-                launch_server(["--disaggregation-mode", "decode", *DEBUG]),
-                launch_server(["--disaggregation-mode", "decode", "--disaggregation-timeout",
-                               "5", *DEBUG])]
-    procs = []
+def model(tiny_model_dir, tmp_path_factory) -> Path:
+    """The tiny llama with the one-character tokenizer and a plain chat template."""
+    import json
+
+    folder = tmp_path_factory.mktemp("pd") / MODEL
+    folder.mkdir()
+    src = Path(tiny_model_dir("llama"))
+    for name in ("config.json", "model.safetensors"):
+        (folder / name).write_bytes((src / name).read_bytes())
+    save_char_tokenizer(folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {**config, "chat_template": CHAT_TEMPLATE}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def pd(model):
+    """(unified, prefill, [decode, decode with a 5 s timeout]) server URLs. The unified
+    server compiles first; the others then load its programs from the cache."""
+    env = dict(os.environ, XLA_FLAGS="--xla_backend_optimization_level=0")  # tiny model
+
+    def launch(extra: list[str]) -> object:
+        return launch_server(extra, ["--model", str(model), *FLAGS], env)
+
+    launched = [launch([])]
     try:
-        procs = [wait_healthy(x) for x in launched]
-        yield procs[0][1], [url for _, url in procs[1:]]
+        wait_healthy(launched[0])
+        launched += [launch(["--disaggregation-mode", "prefill"]),
+                     launch(["--disaggregation-mode", "decode"]),
+                     launch(["--disaggregation-mode", "decode", "--disaggregation-timeout",
+                             "5"])]
+        urls = [wait_healthy(x)[1] for x in launched]
+        yield urls[0], urls[1], urls[2:]
     finally:
         for x in launched:
             x.proc.terminate()
@@ -100,8 +133,8 @@ def integrity(url: str) -> None:
     assert r.status_code == 200, r.text
 
 
-def test_pd_text_equals_unified_with_one_and_two_decode_servers(server, pd) -> None:
-    prefill, decodes = pd
+def test_pd_text_equals_unified_with_one_and_two_decode_servers(pd) -> None:
+    server, prefill, decodes = pd
     unified = generate_all(server, PROMPTS)
     for used in (decodes[:1], decodes):
         proc, url = router(prefill, used)
@@ -126,13 +159,13 @@ def test_pd_text_equals_unified_with_one_and_two_decode_servers(server, pd) -> N
     assert got[0]["disagg_transfers"] == got[1]["disagg_transfers"] + got[2][
         "disagg_transfers"] == 2 * len(PROMPTS) + 1, got
     assert all(s["num_failures"] == 0 for s in got) and got[0]["disagg_failed"] == 0
-    for url in (prefill, *decodes):
+    for url in (server, prefill, *decodes):
         integrity(url)
 
 
 def test_a_fetch_the_prefill_never_answers_times_out(pd) -> None:
     """The decode server with a 5 s timeout, a room the prefill server never saw."""
-    prefill, decodes = pd
+    _, prefill, decodes = pd
     host, port = prefill.removeprefix("http://").split(":")
     t0 = time.monotonic()
     r = httpx.post(decodes[1] + "/generate", timeout=60, json={
@@ -144,7 +177,7 @@ def test_a_fetch_the_prefill_never_answers_times_out(pd) -> None:
 
 
 def test_bad_bootstrap_fields_are_400(pd) -> None:
-    _, decodes = pd
+    _, _, decodes = pd
     r = httpx.post(decodes[0] + "/generate", timeout=30, json={
         "text": "Hi", "bootstrap_host": "127.0.0.1", "bootstrap_port": "x",
         "bootstrap_room": 1})
@@ -154,7 +187,7 @@ def test_bad_bootstrap_fields_are_400(pd) -> None:
 def test_killed_prefill_server_gives_a_clear_error(pd) -> None:
     """Last: the prefill server is killed; requests through the router fail with an
     error naming it, and the decode servers hold no KV and keep serving."""
-    prefill, decodes = pd
+    _, prefill, decodes = pd
     proc, url = router(prefill, decodes)
     try:
         pid = httpx.get(prefill + "/get_server_info", timeout=10).json()["pid"]
