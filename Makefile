@@ -15,7 +15,7 @@ setup-run:
 
 # pytest exits 5 when it collects nothing: a run that tests nothing fails loudly.
 test: setup-test
-	@.venv/bin/python -m pytest -q --durations=15 $(PYTEST_ARGS); rc=$$?; \
+	@.venv/bin/python -m pytest -q --durations=15 -n 2 --dist loadfile $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
 run: setup-run
