@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers.servers import RunningServer, start_ours  # noqa: E402
+from peers.servers import RunningServer, start_ours, start_router, stop_router  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dp"
 WORDS = ("account", "billing", "delivery", "refund", "policy", "support", "order", "store",
@@ -87,20 +86,8 @@ def late_compiles(url: str) -> int:
 
 
 def router(port: int, workers: list[str], policy: str) -> subprocess.Popen:
-    log = (RESULTS / f"router-{policy}.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host",
-                             "127.0.0.1", "--port", str(port), "--prometheus-port",
-                             str(port + 50), "--policy", policy,
-                             "--worker-urls", *workers], stdout=log, stderr=subprocess.STDOUT)
-    for _ in range(240):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("the router did not start")
+    return start_router(port, ["--policy", policy, "--worker-urls", *workers],
+                        RESULTS / f"router-{policy}.log")
 
 
 def main() -> None:
@@ -137,9 +124,8 @@ def main() -> None:
             try:
                 got = asyncio.run(run(f"http://127.0.0.1:{args.port}", texts,
                                       args.concurrency, args.max_tokens))
-            finally:  # the router ignores SIGTERM
-                r.send_signal(signal.SIGINT)
-                r.wait(timeout=30)
+            finally:
+                stop_router(r)
             late = sum(late_compiles(w.spec.url) for w in workers)
             rows.append((f"sglang-router + {args.dp} servers", policy, got, late))
     finally:

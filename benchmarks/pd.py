@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers.servers import RunningServer, start_ours  # noqa: E402
+from peers.servers import RunningServer, start_ours, start_router, stop_router  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "pd"
 WORDS = ("river stone lamp garden window paper cloud engine market silver "
@@ -90,22 +89,10 @@ async def itl_run(url: str, streams: int, arrivals: int, words: int, offset: int
             "itl_p99_ms": 1e3 * gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))]}
 
 
-def start_router(port: int, prefill: str, decode: str) -> subprocess.Popen:
-    log = (RESULTS / "router.log").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-         "--port", str(port), "--prometheus-port", str(port + 50), "--pd-disaggregation",
-         "--prefill", prefill, prefill.rsplit(":", 1)[1], "--decode", decode],
-        stdout=log, stderr=subprocess.STDOUT)
-    for _ in range(240):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("the router did not start")
+def pd_router(port: int, prefill: str, decode: str) -> subprocess.Popen:
+    return start_router(port, ["--pd-disaggregation", "--prefill", prefill,
+                               prefill.rsplit(":", 1)[1], "--decode", decode],
+                        RESULTS / "router.log")
 
 
 def stats(url: str) -> dict:
@@ -142,7 +129,7 @@ def main() -> None:
             servers.append(start_ours(name, port, ["--disaggregation-mode", name],
                                       RESULTS, warm))
         prefill, decode = (s.spec.url for s in servers)
-        router = start_router(args.port, prefill, decode)
+        router = pd_router(args.port, prefill, decode)
         try:
             r = f"http://127.0.0.1:{args.port}"
             asyncio.run(ttft_run(r, 1, args.words, 5000))  # the decode server's first
@@ -154,8 +141,7 @@ def main() -> None:
                                      "late": stats(prefill)["num_late_compiles"]
                                      + after["num_late_compiles"]}
         finally:
-            router.send_signal(signal.SIGINT)  # the router ignores SIGTERM
-            router.wait(timeout=30)
+            stop_router(router)
     finally:
         for s in servers:
             s.stop()

@@ -3,6 +3,7 @@ llama-server, and the HF transformers baseline, all on the same SmolLM2 GGUF."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -93,3 +94,28 @@ def start_ours(name: str, port: int, flags: list[str], log_dir: Path,
     warm(server.spec.url)
     httpx.post(server.spec.url + "/flush_cache", timeout=60).raise_for_status()
     return server
+
+
+def start_router(port: int, args: list[str], log: Path) -> subprocess.Popen:
+    """SGLang's router (sglang-router, its Rust binary) on loopback with these arguments
+    (policy, workers, or PD mode), once it answers /health."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+         "--port", str(port), "--prometheus-port", str(port + 50), *args],
+        stdout=log.open("w"), stderr=subprocess.STDOUT)
+    for _ in range(240):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"the router did not start; see {log}")
+
+
+def stop_router(proc: subprocess.Popen) -> None:
+    """The router ignores SIGTERM: SIGINT."""
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=30)
