@@ -198,6 +198,24 @@ def test_a_client_leaving_the_decode_server_aborts_the_room(pd) -> None:
     integrity(decodes[0])
 
 
+def test_a_failed_prefill_fails_the_decode_request(pd) -> None:
+    """The prefill server's step raises (its fault hook) while it holds room 888: its
+    request fails, the room fails, and the decode server's client gets that reason."""
+    _, prefill, decodes = pd
+    host, port = prefill.removeprefix("http://").split(":")
+    body = {"text": PROMPTS[5], "sampling_params": GREEDY, "bootstrap_host": host,
+            "bootstrap_port": int(port), "bootstrap_room": 888}
+    assert httpx.post(prefill + "/debug/inject_fault", timeout=10).status_code == 200
+    with ThreadPoolExecutor(2) as pool:  # both at once, as the router sends them
+        on_decode = pool.submit(httpx.post, decodes[0] + "/generate", json=body, timeout=60)
+        on_prefill = pool.submit(httpx.post, prefill + "/generate", json=body, timeout=60)
+        assert on_prefill.result().status_code == 500
+        r = on_decode.result()
+    assert r.status_code == 500 and "the prefill ended without KV" in r.text, r.text
+    for url in (prefill, decodes[0]):
+        integrity(url)
+
+
 def test_bad_bootstrap_fields_are_400(pd) -> None:
     _, _, decodes = pd
     r = httpx.post(decodes[0] + "/generate", timeout=30, json={
