@@ -215,9 +215,11 @@ class Scheduler:
             try:
                 result = fn()
             except Exception as e:  # noqa: BLE001 - the caller's error, not the engine's
-                future.set_exception(e)
+                if not future.cancelled():
+                    future.set_exception(e)
             else:
-                future.set_result(result)
+                if not future.cancelled():  # its caller left: the work stands (no leak)
+                    future.set_result(result)
 
     # -- the loop ---------------------------------------------------------------------------
 
