@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.conftest import Launched, free_port, wait_healthy, wait_idle
+from tests.server.conftest import Launched, free_port, launch_server, wait_healthy, wait_idle
 from tests.tiny_models import save_char_tokenizer
 
 pytest.importorskip("torch")
@@ -42,14 +42,10 @@ def env() -> dict:
 
 
 def launch_rank(model: Path, rank: int, coordinator: int, extra: list[str] = ()) -> Launched:
-    log = open(model.parent / f"rank{rank}-{coordinator}.log", "w+")  # noqa: SIM115
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "radixjax.launch_server", "--model", str(model),
-         "--port", str(port), "--tp", "2", "--nnodes", "2", "--node-rank", str(rank),
-         "--dist-init-addr", f"127.0.0.1:{coordinator}", *FLAGS, *extra],
-        cwd=ROOT, env=env(), stdout=log, stderr=subprocess.STDOUT, text=True)
-    return Launched(proc, f"http://127.0.0.1:{port}", log)
+    return launch_server(
+        ["--tp", "2", "--nnodes", "2", "--node-rank", str(rank),
+         "--dist-init-addr", f"127.0.0.1:{coordinator}", *extra],
+        ["--model", str(model), *FLAGS], env())
 
 
 def launch_pair(model: Path, extra: list[str] = ()) -> tuple[Launched, Launched]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -100,3 +101,38 @@ def limited_server(background_servers: dict) -> Iterator[str]:
     launched = background_servers.get("limited") or launch_server(LIMITED_ARGS)
     background_servers["limited"] = launched
     yield wait_healthy(launched)[1]
+
+
+def start_router(args: list[str]) -> tuple[subprocess.Popen, str]:
+    """SGLang's router (sglang-router, its Rust binary) on a free loopback port with these
+    arguments (policy and workers, or PD mode), once it answers /health."""
+    port = free_port()
+    log = tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+         "--port", str(port), "--prometheus-port", str(free_port()),  # default: 29000
+         *args], stdout=log, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            log.seek(0)
+            stop_router(proc)
+            pytest.fail(f"the router did not start: {log.read()[-3000:]}")
+        time.sleep(0.5)
+
+
+def stop_router(proc: subprocess.Popen) -> None:
+    """The router ignores SIGTERM (it outlived terminate() in earlier runs): SIGINT, then
+    SIGKILL if it is still there."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=15)

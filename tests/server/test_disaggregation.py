@@ -16,8 +16,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,8 +24,13 @@ import httpx
 import openai
 import pytest
 
-from tests.server.conftest import free_port, launch_server, wait_healthy, wait_idle
-from tests.server.test_router import stop_router
+from tests.server.conftest import (
+    launch_server,
+    start_router,
+    stop_router,
+    wait_healthy,
+    wait_idle,
+)
 from tests.tiny_models import save_char_tokenizer
 
 pytest.importorskip("torch")
@@ -46,27 +49,10 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{%
 
 
 def router(prefill: str, decodes: list[str]) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    log = tempfile.TemporaryFile("w+")
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-           "--port", str(port), "--prometheus-port", str(free_port()), "--pd-disaggregation",
-           "--prefill", prefill, prefill.rsplit(":", 1)[1]]  # bootstrap port: its HTTP port
-    for d in decodes:
-        cmd += ["--decode", d]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            log.seek(0)
-            stop_router(proc)
-            pytest.fail(f"the router did not start: {log.read()[-3000:]}")
-        time.sleep(0.5)
+    # the bootstrap port after the prefill URL: its own HTTP port
+    return start_router(["--pd-disaggregation", "--prefill", prefill,
+                         prefill.rsplit(":", 1)[1],
+                         *(arg for d in decodes for arg in ("--decode", d))])
 
 
 @pytest.fixture(scope="module")

@@ -6,16 +6,16 @@ request sent to a worker directly, and each tenant's requests all land on one wo
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-import tempfile
-import time
-
 import httpx
 import pytest
 
-from tests.server.conftest import free_port, launch_server, wait_healthy, wait_idle
+from tests.server.conftest import (
+    launch_server,
+    start_router,
+    stop_router,
+    wait_healthy,
+    wait_idle,
+)
 
 TENANTS = {
     name: f"You are the assistant of {name}. " + " ".join(
@@ -43,38 +43,9 @@ def workers(server):
 
 @pytest.fixture(scope="module")
 def router(workers):
-    port = free_port()
-    log = tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-         "--port", str(port), "--prometheus-port", str(free_port()),  # default: 29000
-         "--policy", "cache_aware", "--worker-urls", *workers],
-        stdout=log, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            log.seek(0)
-            pytest.fail(f"the router did not start: {log.read()[-3000:]}")
-        time.sleep(0.5)
+    proc, url = start_router(["--policy", "cache_aware", "--worker-urls", *workers])
     yield url
     stop_router(proc)
-
-
-def stop_router(proc: subprocess.Popen) -> None:
-    """The router ignores SIGTERM (it outlived terminate() in earlier runs): SIGINT, then
-    SIGKILL if it is still there."""
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=15)
 
 
 def requests_served(url: str) -> int:
