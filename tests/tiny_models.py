@@ -42,6 +42,31 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "mixtral": ("MixtralConfig", dict(num_attention_heads=8, num_key_value_heads=2,
                                       num_local_experts=8, num_experts_per_tok=2,
                                       intermediate_size=32, tie_word_embeddings=True)),
+    # Qwen2-MoE: q/k/v bias, un-normalised gates, a sigmoid-gated shared expert, layer 1
+    # dense.
+    "qwen2_moe": ("Qwen2MoeConfig", dict(
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, norm_topk_prob=False, mlp_only_layers=[1])),
+    # MLA (latent 32 + RoPE 8 per token), layer 0 dense, layer 1 MoE with a shared expert.
+    # V2: no q LoRA, group-limited greedy softmax routing, scaling 1.5.
+    "deepseek_v2": ("DeepseekV2Config", dict(
+        num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False,
+        q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+        v_head_dim=12, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        n_shared_experts=1, first_k_dense_replace=1, topk_method="group_limited_greedy",
+        n_group=4, topk_group=2, routed_scaling_factor=1.5, norm_topk_prob=False)),
+    # V3: q LoRA, sigmoid scores with a selection bias, groups by top-2 sums, YaRN RoPE
+    # (attention factor != 1, softmax mscale^2).
+    "deepseek_v3": ("DeepseekV3Config", dict(
+        num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False,
+        q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+        v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        n_shared_experts=2, first_k_dense_replace=1, n_group=4, topk_group=2,
+        routed_scaling_factor=2.5, norm_topk_prob=True,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 64, "beta_fast": 32,
+                         "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 1.0})),
 }
 
 
@@ -60,6 +85,9 @@ def make_tiny_hf_model(family: str, seed: int = 0) -> Any:
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
             else:
                 p.copy_(0.15 * torch.randn_like(p))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's selection bias
+                b.copy_(0.1 * torch.randn_like(b))
     return model.eval()
 
 

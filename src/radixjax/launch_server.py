@@ -12,7 +12,12 @@ import os
 import sys
 import time
 
-from radixjax.engine.config import ATTENTION_BACKENDS, DISAGGREGATION_MODES, POLICIES
+from radixjax.engine.config import (
+    ATTENTION_BACKENDS,
+    DISAGGREGATION_MODES,
+    MOE_DISPATCH,
+    POLICIES,
+)
 from radixjax.engine.dp_router import DP_POLICIES
 from radixjax.server.limits import Limits
 
@@ -75,6 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "to the least loaded replica, or in turn")
     g.add_argument("--ep", type=int, default=1,
                    help="expert-parallel groups inside the TP group (MoE); must divide --tp")
+    g.add_argument("--moe-dispatch", choices=MOE_DISPATCH, default="psum",
+                   help="EP: every device sums its experts' share of all tokens (psum), or "
+                        "tokens travel to their experts' devices and back (all_to_all)")
     g = p.add_argument_group("prefill-decode disaggregation (docs/disaggregation.md)")
     g.add_argument("--disaggregation-mode", choices=DISAGGREGATION_MODES, default="null",
                    help="prefill: compute prompts and hand their KV over; decode: fetch "
@@ -116,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         policy=args.policy, enable_cache=not args.disable_radix_cache,
         enable_overlap=not args.disable_overlap, enable_mixed=args.enable_mixed,
         dtype=args.dtype, attention_backend=args.attention_backend, tp=args.tp, ep=args.ep,
+        moe_dispatch=args.moe_dispatch,
         disaggregation_mode=args.disaggregation_mode,
         disaggregation_timeout=args.disaggregation_timeout,
         warmup=not args.no_warmup,  # every step program, before /health answers

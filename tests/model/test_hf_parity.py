@@ -85,3 +85,28 @@ def test_bfloat16_weights_stay_close_to_float32(tiny_model_dir) -> None:
         out.append(runner.all_logits(batch))
     err = rel_err(out[1], out[0])
     assert 1e-5 < err < 5e-2  # really rounded, and still close
+
+
+def test_mla_absorbed_decode_equals_expanded(tiny_model_dir) -> None:
+    """DeepSeek-V3 (MLA): decode in the latent space (weights absorbed) gives the logits
+    of the expanded form (every key block expanded per head), over a ragged prefill and
+    4 decode steps; the pool holds one latent row per token."""
+    m = load_model(tiny_model_dir("deepseek_v3"), load_tokenizer=False)
+    mla = m.cfg.mla
+    runners = [tiny_runner(m.cfg, m.params, mla_absorb=a) for a in (True, False)]
+    pool = runners[0].kv
+    assert pool[0].shape[1:] == (1, mla.kv_lora_rank + mla.qk_rope_head_dim)
+    assert pool[1].size == 0  # no separate V pool
+    rng = np.random.default_rng(4)
+    seqs = [list(rng.integers(3, m.cfg.vocab_size, n)) for n in (6, 13)]
+    slots = ScatteredSlots(512, seed=2)
+    rows = [slots.take(len(s) + 4) for s in seqs]
+    batches = [build_batch([RequestSlice(np.array(s, np.int32), r[: len(s)])
+                            for s, r in zip(seqs, rows, strict=True)], runners[0].buckets)]
+    for step in range(4):
+        batches.append(build_batch(
+            [RequestSlice(np.array([int(rng.integers(3, 200))], np.int32), r[: len(s) + step + 1])
+             for s, r in zip(seqs, rows, strict=True)], runners[0].buckets))
+    for batch in batches:
+        absorbed, expanded = (r.all_logits(batch) for r in runners)
+        assert rel_err(absorbed, expanded) < 1e-5

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from radixjax.model.config import ModelConfig
-from radixjax.model.moe import expert_ffn, route
+from radixjax.model.moe import route
+from radixjax.model.moe_ffn import expert_ffn
 
 CFG = ModelConfig(model_type="qwen3_moe", vocab_size=64, hidden_size=16, intermediate_size=32,
                   num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8, num_experts=8,

@@ -30,10 +30,15 @@ from tests.tiny_models import save_tiny_model
 DENSE = {"llama": ((2, 1), (4, 1)), "llama3": ((4, 1),), "mistral": ((2, 1), (8, 1)),
          "qwen2": ((4, 1), (8, 1)), "qwen3": ((2, 1),)}
 MOE = {"qwen3_moe": ((2, 1), (4, 2), (8, 8)), "mixtral": ((2, 2), (4, 4))}
+# MLA (heads split, latent pool replicated) and shared experts; a third entry: the EP
+# dispatch ("a2a": all-to-all, else psum)
+MLA = {"deepseek_v3": ((2, 1), (4, 4, "a2a")),
+       "deepseek_v2": ((4, 2), (4, 2, "a2a")), "qwen2_moe": ((2, 2, "a2a"),)}
 
 
-def layout(tp: int, ep: int = 1) -> Layout:
-    return Layout(make_mesh(MeshConfig(tp=tp, ep=ep)))
+def layout(tp: int, ep: int = 1, dispatch: str = "psum") -> Layout:
+    return Layout(make_mesh(MeshConfig(tp=tp, ep=ep)),
+                  moe_dispatch="all_to_all" if dispatch == "a2a" else "psum")
 
 
 def run_logits(cfg, params, lay: Layout | None, backend: str = "native") -> np.ndarray:
@@ -66,10 +71,10 @@ def check_logits(root: Path, layouts: dict[str, tuple]) -> dict[str, float]:
         folder = save_tiny_model(fam, root / fam)
         m = load_model(folder, load_tokenizer=False)
         ref = run_logits(m.cfg, m.params, None)
-        for tp, ep in fam_layouts:
-            lay = layout(tp, ep)
+        for tp, ep, *dispatch in fam_layouts:
+            lay = layout(tp, ep, *dispatch)
             sharded = load_model(folder, load_tokenizer=False, placer_for=placer_for(lay))
-            key = f"{fam} tp={tp} ep={ep}"
+            key = f"{fam} tp={tp} ep={ep}" + "".join(f" {d}" for d in dispatch)
             errors[key] = rel_err(run_logits(m.cfg, sharded.params, lay), ref)
             print(key, errors[key], file=sys.stderr, flush=True)
     return errors
@@ -97,11 +102,11 @@ def pallas_and_errors(root: Path) -> dict:
 
 def shard_shapes(root: Path) -> dict[str, list]:
     """Per-device shard shapes of a few leaves and the pool, for qwen2 at tp=4 (2 KV heads
-    repeated to 4) and mixtral at tp=4, ep=2."""
+    repeated to 4), mixtral at tp=4, ep=2 and deepseek_v3 (MLA) at tp=4, ep=4."""
     from radixjax.runtime.model_runner import ModelRunner, RunnerConfig
 
     out = {}
-    for fam, tp, ep in (("qwen2", 4, 1), ("mixtral", 4, 2)):
+    for fam, tp, ep in (("qwen2", 4, 1), ("mixtral", 4, 2), ("deepseek_v3", 4, 4)):
         lay = layout(tp, ep)
         folder = root / fam if (root / fam).exists() else save_tiny_model(fam, root / fam)
         m = load_model(folder, load_tokenizer=False, placer_for=placer_for(lay))
@@ -109,22 +114,25 @@ def shard_shapes(root: Path) -> dict[str, list]:
                                                            max_batch_tokens=32), lay)
         lp = runner.params["groups"][0]  # stacked: [layers, ...] per leaf
         leaves = {"embed": runner.params["embed"], "k_pool": runner.kv[0]}
+        if fam == "deepseek_v3":
+            lp = runner.params["groups"][1]  # layer 1: MoE
         leaves.update({n: lp[n] for n in ("wq", "wk", "wo", "w_gate", "w_down", "we_gate",
-                                           "we_down", "router") if n in lp})
+                                           "we_down", "router", "wq_b", "wkv_a", "wkv_b",
+                                           "ws_gate") if n in lp})
         for name, x in leaves.items():
             out[f"{fam} {name}"] = [list(x.shape), len({s.device for s in x.addressable_shards}),
                                     sorted({tuple(s.data.shape) for s in x.addressable_shards})]
     return out
 
 
-def step_collectives(root: Path, fam: str, tp: int, ep: int) -> list[str]:
+def step_collectives(root: Path, fam: str, tp: int, ep: int, *dispatch: str) -> list[str]:
     """The collective ops XLA put in a sharded step program (its largest bucket). Multi-host
     runs them over gloo, where reduce-scatter can return wrong values (jax issue 40830):
     tests/parallel/test_multihost.py checks the kinds listed here across processes."""
     from radixjax.runtime.model_runner import ModelRunner, RunnerConfig
 
     folder = root / fam if (root / fam).exists() else save_tiny_model(fam, root / fam)
-    lay = layout(tp, ep)
+    lay = layout(tp, ep, *dispatch)
     m = load_model(folder, load_tokenizer=False, placer_for=placer_for(lay))
     runner = ModelRunner(m.cfg, m.params, RunnerConfig(num_slots=64, max_context=32,
                                                        max_batch_tokens=32), lay)
@@ -153,14 +161,16 @@ def engine_outputs(root: Path, fam: str, layouts, in_memory: tuple[int, int]) ->
                shared + list(rng.integers(3, 200, 3))]
     folder = root / fam if (root / fam).exists() else save_tiny_model(fam, root / fam)
     out = {}
-    for tp, ep in (*layouts, in_memory):
-        if (tp, ep) == in_memory:
+    for tp, ep, *dispatch in (*layouts, in_memory):
+        kw["moe_dispatch"] = "all_to_all" if dispatch == ["a2a"] else "psum"
+        if (tp, ep, *dispatch) == in_memory:
             m = load_model(folder, load_tokenizer=False)
             engine = Engine(params=m.params, model_config=m.cfg, tp=tp, ep=ep, **kw)
         else:
             engine = Engine(folder, tp=tp, ep=ep, **kw)
         with engine as e:
-            out[f"tp={tp} ep={ep}"] = [[int(t) for t in o.token_ids]
+            out[f"tp={tp} ep={ep}" + "".join(f" {d}" for d in dispatch)] = [
+                [int(t) for t in o.token_ids]
                                        for p in (sp, sampled) for o in e.generate(prompts, p)]
             e.check_integrity()
     return out
@@ -176,10 +186,13 @@ def main() -> None:
         result["pallas"] = pallas_and_errors(root)
         result["collectives"] = step_collectives(root, "llama", 2, 1)
     elif part == "moe":
-        result["errors"] = check_logits(root, MOE)
+        result["errors"] = check_logits(root, {**MOE, **MLA})
         result["shards"] = shard_shapes(root)
         result["collectives"] = step_collectives(root, "mixtral", 4, 2)
-        result["engine"] = engine_outputs(root, "mixtral", ((1, 1), (4, 2)), (8, 8))
+        result["a2a collectives"] = step_collectives(root, "deepseek_v3", 4, 4, "a2a")
+        # MLA + shared experts + EP all-to-all through the engine (radix hit, chunks)
+        result["engine"] = engine_outputs(root, "deepseek_v3", ((1, 1), (4, 4, "a2a")),
+                                          (2, 2))
     print("RESULT " + json.dumps(result))
 
 

@@ -78,9 +78,13 @@ def test_pallas_backend_under_tp_and_refused_layouts(dense) -> None:
 
 
 def test_moe_tp_ep_logits_equal_single_device(moe) -> None:
+    """And MLA (DeepSeek) under TP, shared experts under TP x EP, EP by all-to-all."""
     errors = moe["errors"]
     assert set(errors) == {"qwen3_moe tp=2 ep=1", "qwen3_moe tp=4 ep=2", "qwen3_moe tp=8 ep=8",
-                           "mixtral tp=2 ep=2", "mixtral tp=4 ep=4"}
+                           "mixtral tp=2 ep=2", "mixtral tp=4 ep=4",
+                           "deepseek_v3 tp=2 ep=1", "deepseek_v3 tp=4 ep=4 a2a",
+                           "deepseek_v2 tp=4 ep=2", "deepseek_v2 tp=4 ep=2 a2a",
+                           "qwen2_moe tp=2 ep=2 a2a"}
     for name, err in errors.items():
         assert err < TOL, name
 
@@ -103,6 +107,16 @@ def test_params_and_kv_pool_are_sharded(moe) -> None:
     assert s["mixtral we_down"] == [[2, 8, 32, 64], 4, [[2, 4, 16, 64]]]
     assert s["mixtral router"] == [[2, 64, 8], 4, [[2, 64, 8]]]  # replicated
     assert s["mixtral k_pool"] == [[128, 4, 8], 4, [[128, 1, 8]]]
+    # deepseek_v3, tp = 4, ep = 4: 4 heads of (16 + 8) q dims and (16 + 16) kv dims split
+    # one per device; the latent pool (32 + 8 per token) and wkv_a replicated; layer 1's
+    # shared experts (2 x 32 columns) split like a dense MLP.
+    assert s["deepseek_v3 wq_b"] == [[1, 24, 96], 4, [[1, 24, 24]]]
+    assert s["deepseek_v3 wkv_b"] == [[1, 32, 128], 4, [[1, 32, 32]]]
+    assert s["deepseek_v3 wo"] == [[1, 64, 64], 4, [[1, 16, 64]]]
+    assert s["deepseek_v3 wkv_a"] == [[1, 64, 40], 4, [[1, 64, 40]]]
+    assert s["deepseek_v3 k_pool"] == [[128, 1, 40], 4, [[128, 1, 40]]]
+    assert s["deepseek_v3 we_gate"] == [[1, 8, 64, 32], 4, [[1, 2, 64, 32]]]
+    assert s["deepseek_v3 ws_gate"] == [[1, 64, 64], 4, [[1, 64, 16]]]
 
 
 def test_engine_outputs_equal_across_layouts(dense, moe) -> None:
@@ -119,7 +133,7 @@ def test_step_programs_use_only_collectives_checked_across_processes(dense, moe)
     """What tests/parallel/test_multihost.py checks over gloo covers what the sharded step
     programs run (today all-reduce, all-gather and, for MoE under EP, all-to-all; no reduce-scatter,
     the one of jax issue 40830)."""
-    for part in (dense, moe):
-        assert part["collectives"], part["collectives"]
-        assert set(part["collectives"]) <= {"all-reduce", "all-gather", "all-to-all"}, part[
-            "collectives"]
+    for ops in (dense["collectives"], moe["collectives"], moe["a2a collectives"]):
+        assert ops, ops
+        assert set(ops) <= {"all-reduce", "all-gather", "all-to-all"}, ops
+    assert "all-to-all" in moe["a2a collectives"]  # EP dispatch really by all-to-all

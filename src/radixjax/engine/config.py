@@ -7,6 +7,7 @@ from dataclasses import dataclass
 POLICIES = ("lpm", "dfs-weight", "fcfs")
 DISAGGREGATION_MODES = ("null", "prefill", "decode")  # SGLang's names
 ATTENTION_BACKENDS = ("auto", "native", "pallas")  # resolved by model.attention
+MOE_DISPATCH = ("psum", "all_to_all")  # parallel.rules.Layout.moe_dispatch
 
 
 class EngineConfigError(ValueError):
@@ -35,6 +36,7 @@ class EngineConfig:
     seed: int = 0  # seeds for requests that give none derive from it
     tp: int = 1  # tensor-parallel devices (0: every visible device); docs/sharding.md
     ep: int = 1  # expert-parallel groups inside the TP group (MoE models); divides tp
+    moe_dispatch: str = "psum"  # EP: "psum" | "all_to_all" (docs/sharding.md, measured)
     disaggregation_mode: str = "null"  # prefill / decode server of a PD pair (disagg/)
     disaggregation_timeout: float = 30.0  # s: a room's prefill, fetch and pull, each
 
@@ -64,6 +66,7 @@ class EngineConfig:
         check(self.retract_every >= 0, "retract_every must be >= 0")
         check(self.tp >= 0 and self.ep >= 1, "need tp >= 0 (0: all devices) and ep >= 1")
         check(self.tp == 0 or self.tp % self.ep == 0, "ep must divide tp")
+        check(self.moe_dispatch in MOE_DISPATCH, f"moe_dispatch must be one of {MOE_DISPATCH}")
         check(self.disaggregation_mode in DISAGGREGATION_MODES,
               f"disaggregation_mode must be one of {DISAGGREGATION_MODES}")
         check(self.disaggregation_mode != "decode" or self.enable_cache,

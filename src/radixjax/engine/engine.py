@@ -110,7 +110,8 @@ class Engine:
             init_distributed(self.dist)  # before anything touches a device
         self.config = EngineConfig(**engine_options)
         # One mesh per engine (None: one device); scheduler and radix tree stay one.
-        self.layout = layout_for(self.config.tp, self.config.ep, devices)
+        self.layout = layout_for(self.config.tp, self.config.ep, devices,
+                                 self.config.moe_dispatch)
         device = None  # JAX's default device (programs shared with any plain engine)
         if devices is not None and self.layout is None and devices[0] != jax.devices()[0]:
             device = devices[0]

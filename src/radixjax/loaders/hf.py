@@ -38,6 +38,21 @@ _LAYER_NAMES = {
     "mlp.up_proj.bias": ("b_up", False),
     "mlp.down_proj.bias": ("b_down", False),
 }
+# MLA (DeepSeek): model/mla.py
+_LAYER_NAMES.update({
+    "self_attn.q_a_proj.weight": ("wq_a", True),
+    "self_attn.q_a_layernorm.weight": ("q_a_norm", False),
+    "self_attn.q_b_proj.weight": ("wq_b", True),
+    "self_attn.kv_a_proj_with_mqa.weight": ("wkv_a", True),
+    "self_attn.kv_a_layernorm.weight": ("kv_a_norm", False),
+    "self_attn.kv_b_proj.weight": ("wkv_b", True),
+})
+# shared experts (DeepSeek: shared_experts, Qwen2-MoE: shared_expert + its sigmoid gate)
+for _hf_name in ("shared_experts", "shared_expert"):
+    for _proj, _ours in (("gate_proj", "ws_gate"), ("up_proj", "ws_up"), ("down_proj", "ws_down")):
+        _LAYER_NAMES[f"mlp.{_hf_name}.{_proj}.weight"] = (_ours, True)
+_LAYER_NAMES["mlp.shared_expert_gate.weight"] = ("shared_gate", True)  # [1, D] -> [D, 1]
+_LAYER_NAMES["mlp.gate.e_score_correction_bias"] = ("router_bias", False)
 # MoE router: [E, D] -> ours [D, E]
 _LAYER_NAMES["mlp.gate.weight"] = ("router", True)
 _LAYER_NAMES["block_sparse_moe.gate.weight"] = ("router", True)
@@ -96,6 +111,26 @@ def _fused_experts(name: str, arr: np.ndarray) -> dict[str, np.ndarray]:
     return {"we_down": arr.transpose(0, 2, 1)}  # down_proj [E, D, F]
 
 
+def _deinterleave_rope(lw: dict[str, np.ndarray], cfg: ModelConfig) -> None:
+    """MLA: reorder the RoPE output columns of the query and the shared key from pairs
+    (x0, x1), (x2, x3).. to halves (x0, x2, .. | x1, x3, ..), so the forward's rotate-half
+    RoPE rotates the same pairs. q and k move alike, so q.k is unchanged."""
+    m = cfg.mla
+    assert m is not None
+    r = m.qk_rope_head_dim
+    perm = np.concatenate([np.arange(0, r, 2), np.arange(1, r, 2)])
+    for name in ("wq", "wq_b"):
+        if name in lw:  # [in, H * (Dn + Dr)]: each head's last Dr columns
+            w = lw[name].reshape(lw[name].shape[0], cfg.num_heads, m.qk_head_dim)
+            nope, rope = w[..., :m.qk_nope_head_dim], w[..., m.qk_nope_head_dim:]
+            w = np.concatenate([nope, rope[..., perm]], axis=-1)
+            lw[name] = w.reshape(w.shape[0], -1)
+    if "wkv_a" in lw:  # [D, Rkv + Dr]
+        w = lw["wkv_a"]
+        lw["wkv_a"] = np.concatenate([w[:, :m.kv_lora_rank], w[:, m.kv_lora_rank:][:, perm]],
+                                     axis=1)
+
+
 def load_hf_params(path: Path, cfg: ModelConfig, dtype: Any,
                    placer: Placer | None = None) -> Params:
     files = sorted(path.glob("*.safetensors"))
@@ -133,6 +168,9 @@ def load_hf_params(path: Path, cfg: ModelConfig, dtype: Any,
                 dest[ours] = arr.T if transpose else arr
     for i, found in enumerate(experts):
         layers[i].update(_stack_experts(found, cfg.num_experts, f"layers.{i}"))
+    if cfg.mla is not None and cfg.mla.rope_interleaved:
+        for lw in layers:
+            _deinterleave_rope(lw, cfg)
     if cfg.tie_word_embeddings:
         top.pop("lm_head", None)
     return params_from_numpy(cfg, top, layers, dtype, placer)

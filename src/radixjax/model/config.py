@@ -4,7 +4,12 @@
 Families covered: Llama / SmolLM2 / Llama-3 (llama3 RoPE scaling), Mistral (sliding
 window), Qwen2/2.5 (q/k/v bias), Qwen3 (per-head q/k RMSNorm); GQA; tied or untied head.
 MoE (model/moe.py): Qwen3-MoE (softmax router, top-k, optional renormalisation
-`norm_topk_prob`, no shared expert) and Mixtral (same router, always renormalised).
+`norm_topk_prob`, no shared expert), Mixtral (same router, always renormalised),
+Qwen2-MoE (+ a sigmoid-gated shared expert), DeepSeek-V2/V3 (shared experts, grouped
+top-k, V3's sigmoid scores with a selection bias, a routed scaling factor, dense first
+layers). DeepSeek's attention is MLA (model/mla.py, `MLADims`): the KV pool then holds
+one latent row per token, so `num_kv_heads` = 1 and `head_dim` = kv_lora_rank + rope dim
+describe the pool, and `v_pool_width` = 0.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral",
+                         "qwen2_moe", "deepseek_v2", "deepseek_v3")
+MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
 
 
 class UnsupportedModelError(ValueError):
@@ -30,6 +37,41 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
+class YarnScaling:
+    """YaRN ("rope_type": "yarn"): frequencies blended between interpolated and
+    extrapolated by a ramp over the dims; cos/sin scaled by attention_factor; MLA models
+    also scale the softmax by mscale(factor, mscale_all_dim)^2 (DeepSeek's reference)."""
+
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 0.0
+    mscale_all_dim: float = 0.0
+    attention_factor: float | None = None
+    truncate: bool = True
+
+
+@dataclass(frozen=True)
+class MLADims:
+    """Multi-head latent attention (DeepSeek-V2/V3). Per token the pool keeps the
+    normalised latent c [kv_lora_rank] and the shared RoPE key [qk_rope_head_dim]."""
+
+    q_lora_rank: int | None  # None: one wq [D, H * qk_head_dim]
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    # The checkpoint's RoPE dims come in interleaved pairs (x0, x1), (x2, x3)..; the HF
+    # loader reorders those weight columns to rotate-half order (same dot products).
+    rope_interleaved: bool = True
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     model_type: str
     vocab_size: int
@@ -41,7 +83,7 @@ class ModelConfig:
     head_dim: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
-    rope_scaling: RopeScaling | None = None
+    rope_scaling: RopeScaling | YarnScaling | None = None
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     qkv_bias: bool = False  # Qwen2; Llama's attention_bias
@@ -59,6 +101,15 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True  # renormalise the top-k gate weights to sum to 1
     sparse_layers: tuple[bool, ...] = field(default=())  # per layer: MoE block or dense MLP
+    moe_scoring: str = "softmax"  # "softmax" | "sigmoid" (DeepSeek-V3)
+    moe_topk_method: str = "greedy"  # | "group_limited_greedy" (V2) | "noaux_tc" (V3)
+    moe_n_group: int = 1  # expert groups for the grouped methods
+    moe_topk_group: int = 1  # groups a token may pick from
+    routed_scaling_factor: float = 1.0
+    moe_router_bias: bool = False  # V3's e_score_correction_bias (selection only)
+    shared_expert_size: int = 0  # width of the always-on shared expert MLP (0: none)
+    shared_expert_gate: bool = False  # Qwen2-MoE: sigmoid(h @ w) scales the shared expert
+    mla: MLADims | None = None
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -80,6 +131,13 @@ class ModelConfig:
             raise UnsupportedModelError("sparse_layers must have one entry per layer")
         if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
             raise UnsupportedModelError("need 0 < num_experts_per_tok <= num_experts")
+        if self.moe_topk_method not in ("greedy", "group_limited_greedy", "noaux_tc"):
+            raise UnsupportedModelError(f"topk_method {self.moe_topk_method!r} is not supported")
+        if self.num_experts and self.num_experts % self.moe_n_group:
+            raise UnsupportedModelError("n_group must divide the number of experts")
+        if self.mla is not None and (self.num_kv_heads, self.head_dim) != (
+                1, self.mla.kv_lora_rank + self.mla.qk_rope_head_dim):
+            raise UnsupportedModelError("an MLA config's pool is 1 head of kv_lora + rope dims")
 
     def is_sparse(self, layer: int) -> bool:
         return self.sparse_layers[layer]
@@ -95,6 +153,15 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def v_pool_width(self) -> int:
+        """Per KV head, the V pool's width: head_dim, or 0 for MLA (one latent pool)."""
+        return 0 if self.mla is not None else self.head_dim
+
+    @property
+    def rope_dim(self) -> int:
+        return self.mla.qk_rope_head_dim if self.mla is not None else self.head_dim
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
@@ -118,12 +185,28 @@ class ModelConfig:
                 high_freq_factor=float(rope["high_freq_factor"]),
                 original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
             )
+        elif rope_type == "yarn":
+            scaling = YarnScaling(
+                factor=float(rope["factor"]),
+                original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
+                beta_fast=float(rope.get("beta_fast") or 32.0),
+                beta_slow=float(rope.get("beta_slow") or 1.0),
+                mscale=float(rope.get("mscale") or 0.0),
+                mscale_all_dim=float(rope.get("mscale_all_dim") or 0.0),
+                attention_factor=rope.get("attention_factor"),
+                truncate=bool(rope.get("truncate", True)),
+            )
         elif rope_type != "default":
             raise UnsupportedModelError(f"rope_type {rope_type!r} is not supported")
         attention_bias = bool(hf.get("attention_bias", False))
         eos = hf.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         moe = _hf_moe(hf, model_type, num_layers)
+        mla = _hf_mla(hf) if model_type in MLA_MODEL_TYPES else None
+        num_kv_heads = hf.get("num_key_value_heads") or num_heads
+        head_dim = hf.get("head_dim") or hidden // num_heads
+        if mla is not None:  # the pool's view: one latent "head"
+            num_kv_heads, head_dim = 1, mla.kv_lora_rank + mla.qk_rope_head_dim
         return cls(
             model_type=model_type,
             vocab_size=hf["vocab_size"],
@@ -131,20 +214,22 @@ class ModelConfig:
             intermediate_size=hf["intermediate_size"],
             num_layers=num_layers,
             num_heads=num_heads,
-            num_kv_heads=hf.get("num_key_value_heads") or num_heads,
-            head_dim=hf.get("head_dim") or hidden // num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope_theta),
             rope_scaling=scaling,
             max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            qkv_bias=model_type == "qwen2" or attention_bias,
+            qkv_bias=(model_type == "qwen2" or attention_bias
+                      or (model_type == "qwen2_moe" and hf.get("qkv_bias", True))),
             o_bias=model_type in ("llama", "mistral") and attention_bias,
             mlp_bias=bool(hf.get("mlp_bias", False)),
             qk_norm=model_type in ("qwen3", "qwen3_moe"),
             sliding_windows=_hf_sliding_windows(hf, model_type, num_layers),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
+            mla=mla,
             **moe,
         )
 
@@ -209,8 +294,56 @@ def _hf_sliding_windows(
     return (None,) * num_layers
 
 
+def _hf_mla(hf: dict[str, Any]) -> MLADims:
+    if hf.get("attention_bias"):
+        raise UnsupportedModelError("MLA with attention_bias is not supported")
+    return MLADims(
+        q_lora_rank=hf.get("q_lora_rank"),
+        kv_lora_rank=int(hf["kv_lora_rank"]),
+        qk_nope_head_dim=int(hf["qk_nope_head_dim"]),
+        qk_rope_head_dim=int(hf["qk_rope_head_dim"]),
+        v_head_dim=int(hf["v_head_dim"]),
+        rope_interleaved=hf["model_type"] == "deepseek_v2" or bool(hf.get("rope_interleave", True)),
+    )
+
+
 def _hf_moe(hf: dict[str, Any], model_type: str, num_layers: int) -> dict[str, Any]:
     """MoE fields for ModelConfig (empty for dense families)."""
+    if model_type in MLA_MODEL_TYPES:
+        experts = int(hf.get("n_routed_experts") or 0)
+        if not experts:
+            return {}
+        v3 = model_type == "deepseek_v3"
+        first_dense = int(hf.get("first_k_dense_replace") or 0)
+        freq = int(hf.get("moe_layer_freq") or 1)
+        return dict(
+            num_experts=experts,
+            num_experts_per_tok=int(hf["num_experts_per_tok"]),
+            moe_intermediate_size=int(hf["moe_intermediate_size"]),
+            norm_topk_prob=bool(hf.get("norm_topk_prob", v3)),
+            sparse_layers=tuple(i >= first_dense and i % freq == 0 for i in range(num_layers)),
+            moe_scoring="sigmoid" if v3 else "softmax",
+            moe_topk_method="noaux_tc" if v3 else hf.get("topk_method") or "greedy",
+            moe_n_group=int(hf.get("n_group") or 1),
+            moe_topk_group=int(hf.get("topk_group") or 1),
+            routed_scaling_factor=float(hf.get("routed_scaling_factor") or 1.0),
+            moe_router_bias=v3,
+            shared_expert_size=int(hf["moe_intermediate_size"]) * int(
+                hf.get("n_shared_experts") or 0),
+        )
+    if model_type == "qwen2_moe":
+        step = int(hf.get("decoder_sparse_step", 1))
+        dense = set(hf.get("mlp_only_layers") or ())
+        return dict(
+            num_experts=int(hf["num_experts"]),
+            num_experts_per_tok=int(hf["num_experts_per_tok"]),
+            moe_intermediate_size=int(hf["moe_intermediate_size"]),
+            norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+            sparse_layers=tuple(i not in dense and (i + 1) % step == 0
+                                for i in range(num_layers)),
+            shared_expert_size=int(hf.get("shared_expert_intermediate_size") or 0),
+            shared_expert_gate=bool(hf.get("shared_expert_intermediate_size")),
+        )
     if model_type == "mixtral":
         return dict(
             num_experts=int(hf["num_local_experts"]),

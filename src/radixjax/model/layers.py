@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from radixjax.model.config import ModelConfig
+from radixjax.model.config import ModelConfig, RopeScaling, YarnScaling
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -25,11 +25,11 @@ def linear(x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax.Array:
 
 
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
-    """[head_dim // 2] float32 inverse frequencies, with Llama-3 scaling when configured."""
-    dim = cfg.head_dim
+    """[rope_dim // 2] float32 inverse frequencies, with Llama-3 or YaRN scaling."""
+    dim = cfg.rope_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
     s = cfg.rope_scaling
-    if s is not None:
+    if isinstance(s, RopeScaling):
         low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
         high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
         wavelen = 2 * math.pi / inv_freq
@@ -40,14 +40,54 @@ def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
         smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
         is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         inv_freq = np.where(is_medium, smoothed, scaled)
+    elif isinstance(s, YarnScaling):
+        inv_freq = _yarn_inv_freq(s, inv_freq, dim, cfg.rope_theta)
     return inv_freq.astype(np.float32)
 
 
-def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
-    """positions: [T] int32 -> cos, sin: [T, head_dim] f32 (HF's rotate-half layout)."""
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def rope_attention_factor(cfg: ModelConfig) -> float:
+    """YaRN's scale on cos/sin (1 without YaRN)."""
+    s = cfg.rope_scaling
+    if not isinstance(s, YarnScaling):
+        return 1.0
+    if s.attention_factor is not None:
+        return float(s.attention_factor)
+    if s.mscale and s.mscale_all_dim:
+        return yarn_mscale(s.factor, s.mscale) / yarn_mscale(s.factor, s.mscale_all_dim)
+    return yarn_mscale(s.factor)
+
+
+def _yarn_inv_freq(s: YarnScaling, inv_freq: np.ndarray, dim: int, base: float) -> np.ndarray:
+    """Extrapolated (high-frequency) dims kept, interpolated (low-frequency) dims divided
+    by the factor, a linear ramp between the correction range's ends."""
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(s.original_max_position_embeddings / (rotations * 2 * math.pi)) / (
+            2 * math.log(base))
+
+    low, high = correction_dim(s.beta_fast), correction_dim(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+    extrapolate = 1 - ramp
+    return inv_freq / s.factor * (1 - extrapolate) + inv_freq * extrapolate
+
+
+def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray,
+                 attention_factor: float = 1.0) -> tuple[jax.Array, jax.Array]:
+    """positions: [T] int32 -> cos, sin: [T, rope_dim] f32 (HF's rotate-half layout)."""
     freqs = positions.astype(jnp.float32)[:, None] * jnp.asarray(inv_freq)[None, :]
     emb = jnp.concatenate([freqs, freqs], axis=-1)
-    return jnp.cos(emb), jnp.sin(emb)
+    if attention_factor == 1.0:
+        return jnp.cos(emb), jnp.sin(emb)
+    return jnp.cos(emb) * attention_factor, jnp.sin(emb) * attention_factor
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:

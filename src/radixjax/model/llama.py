@@ -14,7 +14,15 @@ import jax.numpy as jnp
 from radixjax.model.attention import AttentionBackend, AttentionMetadata
 from radixjax.model.config import ModelConfig
 from radixjax.model.layer_stack import layer_groups
-from radixjax.model.layers import apply_rope, linear, rms_norm, rope_cos_sin, rope_inv_freq
+from radixjax.model.layers import (
+    apply_rope,
+    linear,
+    rms_norm,
+    rope_attention_factor,
+    rope_cos_sin,
+    rope_inv_freq,
+)
+from radixjax.model.mla import mla_attention_block
 from radixjax.model.moe import moe_block
 from radixjax.model.params import Params
 from radixjax.parallel.collectives import (
@@ -24,19 +32,25 @@ from radixjax.parallel.collectives import (
 )
 from radixjax.parallel.rules import Layout
 
-KVPool = tuple[jax.Array, jax.Array]  # (k, v), each [L * S, Hkv, Dh]: layer l at rows l*S..
+# (k, v), each [L * S, Hkv, Dh]: layer l at rows l*S..; MLA: k is the latent pool
+# [L * S, 1, Rkv + Dr] and v is empty [L * S, 1, 0] (model/mla.py)
+KVPool = tuple[jax.Array, jax.Array]
 
 
 def init_kv_pool(cfg: ModelConfig, num_slots: int, dtype: jnp.dtype,
                  sharding: jax.sharding.Sharding | None = None) -> KVPool:
     """num_slots per layer; sharding: where each [L * S, Hkv, Dh] array lives
     (parallel.kv_sharding)."""
-    shape = (cfg.num_layers * num_slots, cfg.num_kv_heads, cfg.head_dim)
-    return jnp.zeros(shape, dtype, device=sharding), jnp.zeros(shape, dtype, device=sharding)
+    rows = cfg.num_layers * num_slots
+    k_shape = (rows, cfg.num_kv_heads, cfg.head_dim)
+    v_shape = (rows, cfg.num_kv_heads, cfg.v_pool_width)
+    return (jnp.zeros(k_shape, dtype, device=sharding),
+            jnp.zeros(v_shape, dtype, device=sharding))
 
 
 def kv_pool_bytes(cfg: ModelConfig, num_slots: int, dtype: jnp.dtype) -> int:
-    return 2 * cfg.num_layers * num_slots * cfg.kv_size * jnp.dtype(dtype).itemsize
+    per_slot = cfg.num_kv_heads * (cfg.head_dim + cfg.v_pool_width)
+    return cfg.num_layers * num_slots * per_slot * jnp.dtype(dtype).itemsize
 
 
 def _attention_block(
@@ -105,14 +119,18 @@ def _embed(params: Params, input_ids: jax.Array, cfg: ModelConfig,
 def _decoder_layer(
     lp: Params, x: jax.Array, kv: KVPool, md: AttentionMetadata,
     cos: jax.Array, sin: jax.Array, cfg: ModelConfig, backend: AttentionBackend,
-    layout: Layout | None, kind: int,
+    layout: Layout | None, kind: int, mla_absorb: bool = True,
 ) -> tuple[jax.Array, KVPool]:
     """One decoder layer (md.layer_base says which); `kind` is the first layer of its
     group (layer_stack.py): what the layer's code depends on besides its weights."""
     replicate = (lambda a: a) if layout is None else (
         lambda a: jax.lax.with_sharding_constraint(a, layout.replicated))
-    attn, kv = _attention_block(lp, x, kv, md, cos, sin, cfg, backend,
-                                cfg.sliding_windows[kind])
+    if cfg.mla is not None:
+        attn, k_pool = mla_attention_block(lp, x, kv[0], md, cos, sin, cfg, layout, mla_absorb)
+        kv = (k_pool, kv[1])
+    else:
+        attn, kv = _attention_block(lp, x, kv, md, cos, sin, cfg, backend,
+                                    cfg.sliding_windows[kind])
     x = replicate(x + attn)
     return replicate(x + _mlp_block(lp, x, cfg, layout, kind)), kv
 
@@ -126,14 +144,16 @@ def forward_hidden(
     cfg: ModelConfig,
     backend: AttentionBackend,
     layout: Layout | None = None,
+    mla_absorb: bool = True,
 ) -> tuple[jax.Array, KVPool]:
     """params: stacked (layer_stack.stack_layers); the layers of each group run in one
     lax.scan. Returns (the final-normed hidden state of every token [T, D], new kv pool).
-    layout: run sharded (cfg must then be parallel.sharded_config(...) of the model)."""
+    layout: run sharded (cfg must then be parallel.sharded_config(...) of the model).
+    mla_absorb=False: MLA decodes expanded too (the reference for the absorbed form)."""
     if layout is not None:
         backend = sharded_attention(backend, layout)
     x = _embed(params, input_ids, cfg, layout)  # [T, D]
-    cos, sin = rope_cos_sin(md.positions, rope_inv_freq(cfg))
+    cos, sin = rope_cos_sin(md.positions, rope_inv_freq(cfg), rope_attention_factor(cfg))
     num_slots = kv[0].shape[0] // cfg.num_layers
     for group, weights in zip(layer_groups(cfg), params["groups"], strict=True):
 
@@ -141,7 +161,8 @@ def forward_hidden(
             x, kv = carry
             lp, i = xs
             md_i = md._replace(layer_base=i * num_slots)
-            return _decoder_layer(lp, x, kv, md_i, cos, sin, cfg, backend, layout, kind), None
+            return _decoder_layer(lp, x, kv, md_i, cos, sin, cfg, backend, layout, kind,
+                                  mla_absorb), None
 
         ids = jnp.arange(group.start, group.stop, dtype=jnp.int32)
         (x, kv), _ = jax.lax.scan(layer, (x, kv), (weights, ids))
@@ -163,12 +184,13 @@ def forward(
     backend: AttentionBackend,
     all_logits: bool = False,
     layout: Layout | None = None,
+    mla_absorb: bool = True,
 ) -> tuple[jax.Array, KVPool]:
     """forward_hidden, then the LM head. Returns (logits, new kv pool): logits are [B, V]
     at each request's last new token, or [T, V] for every token when `all_logits`
     (parity tests)."""
     x, kv = forward_hidden(params, kv, input_ids, md, cfg=cfg, backend=backend,
-                           layout=layout)
+                           layout=layout, mla_absorb=mla_absorb)
     if not all_logits:
         x = x[last_token_rows(md)]
     return lm_head(params, x, cfg, layout), kv

@@ -10,6 +10,11 @@ Params are a plain nested dict (a pytree):
 
 An MoE layer (cfg.is_sparse(i)) has, instead of w_gate/w_up/w_down:
     "router": [D, E], "we_gate": [E, D, Fe], "we_up": [E, D, Fe], "we_down": [E, Fe, D]
+    + shared expert "ws_gate"/"ws_up" [D, Fs], "ws_down" [Fs, D] (DeepSeek, Qwen2-MoE),
+    "shared_gate" [D, 1] (Qwen2-MoE), "router_bias" [E] (DeepSeek-V3)
+An MLA layer (cfg.mla, model/mla.py) has, instead of wq/wk/wv:
+    "wq_a" [D, Rq], "q_a_norm" [Rq], "wq_b" [Rq, H*(Dn+Dr)]  (or "wq" [D, H*(Dn+Dr)]),
+    "wkv_a" [D, Rkv+Dr], "kv_a_norm" [Rkv], "wkv_b" [Rkv, H*(Dn+Dv)], "wo" [H*Dv, D]
 
 Matrices are stored (in, out) so the forward is `x @ w`, except the output head, kept
 (V, D) like the embedding it may be tied to (see `lm_head` in llama.py). `layer_specs` and
@@ -39,22 +44,52 @@ class ParamSpec(NamedTuple):
     is_norm: bool = False  # norm weights stay float32 whatever the weight dtype
 
 
+def _mla_specs(cfg: ModelConfig) -> dict[str, ParamSpec]:
+    m, d, h = cfg.mla, cfg.hidden_size, cfg.num_heads
+    assert m is not None
+    specs = {}
+    if m.q_lora_rank is None:
+        specs["wq"] = ParamSpec((d, h * m.qk_head_dim), ("embed", "q_heads"))
+    else:
+        specs["wq_a"] = ParamSpec((d, m.q_lora_rank), ("embed", "latent"))
+        specs["q_a_norm"] = ParamSpec((m.q_lora_rank,), ("latent",), True)
+        specs["wq_b"] = ParamSpec((m.q_lora_rank, h * m.qk_head_dim), ("latent", "q_heads"))
+    specs["wkv_a"] = ParamSpec((d, m.kv_lora_rank + m.qk_rope_head_dim), ("embed", "latent"))
+    specs["kv_a_norm"] = ParamSpec((m.kv_lora_rank,), ("latent",), True)
+    specs["wkv_b"] = ParamSpec((m.kv_lora_rank, h * (m.qk_nope_head_dim + m.v_head_dim)),
+                               ("latent", "q_heads"))
+    specs["wo"] = ParamSpec((h * m.v_head_dim, d), ("q_heads", "embed"))
+    return specs
+
+
 def layer_specs(cfg: ModelConfig, layer: int = 0) -> dict[str, ParamSpec]:
     d, f = cfg.hidden_size, cfg.intermediate_size
-    specs = {
-        "attn_norm": ParamSpec((d,), ("embed",), True),
-        "wq": ParamSpec((d, cfg.q_size), ("embed", "q_heads")),
-        "wk": ParamSpec((d, cfg.kv_size), ("embed", "kv_heads")),
-        "wv": ParamSpec((d, cfg.kv_size), ("embed", "kv_heads")),
-        "wo": ParamSpec((cfg.q_size, d), ("q_heads", "embed")),
-        "mlp_norm": ParamSpec((d,), ("embed",), True),
-    }
+    specs = {"attn_norm": ParamSpec((d,), ("embed",), True)}
+    if cfg.mla is not None:
+        specs.update(_mla_specs(cfg))
+    else:
+        specs.update({
+            "wq": ParamSpec((d, cfg.q_size), ("embed", "q_heads")),
+            "wk": ParamSpec((d, cfg.kv_size), ("embed", "kv_heads")),
+            "wv": ParamSpec((d, cfg.kv_size), ("embed", "kv_heads")),
+            "wo": ParamSpec((cfg.q_size, d), ("q_heads", "embed")),
+        })
+    specs["mlp_norm"] = ParamSpec((d,), ("embed",), True)
     if cfg.is_sparse(layer):
         e, fe = cfg.num_experts, cfg.moe_intermediate_size
         specs["router"] = ParamSpec((d, e), ("embed", "router"))
         specs["we_gate"] = ParamSpec((e, d, fe), ("experts", "embed", "expert_mlp"))
         specs["we_up"] = ParamSpec((e, d, fe), ("experts", "embed", "expert_mlp"))
         specs["we_down"] = ParamSpec((e, fe, d), ("experts", "expert_mlp", "embed"))
+        if cfg.moe_router_bias:
+            specs["router_bias"] = ParamSpec((e,), ("router",), True)
+        if cfg.shared_expert_size:
+            fs = cfg.shared_expert_size
+            specs["ws_gate"] = ParamSpec((d, fs), ("embed", "mlp"))
+            specs["ws_up"] = ParamSpec((d, fs), ("embed", "mlp"))
+            specs["ws_down"] = ParamSpec((fs, d), ("mlp", "embed"))
+        if cfg.shared_expert_gate:
+            specs["shared_gate"] = ParamSpec((d, 1), ("embed", "router"))
     else:
         specs["w_gate"] = ParamSpec((d, f), ("embed", "mlp"))
         specs["w_up"] = ParamSpec((d, f), ("embed", "mlp"))

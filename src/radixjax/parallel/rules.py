@@ -9,7 +9,7 @@ table, which turns a leaf's logical axes into a PartitionSpec / NamedSharding.
 | vocab        | (expert, tensor)     | embedding and head rows (vocab-parallel)       |
 | experts      | (expert,)            | we_gate / we_up / we_down expert axis          |
 | expert_mlp   | (tensor,)            | each expert's columns (gate/up) / rows (down)  |
-| embed, head_dim, router, slots | replicated | norms, router, activations            |
+| embed, head_dim, router, slots, latent | replicated | norms, router, MLA latents |
 
 A dimension the mesh axes do not divide is replicated (vocab, mlp, expert_mlp, experts);
 heads never are: `shard_params.check_divisible` rejects such a layout first, and KV heads
@@ -30,6 +30,7 @@ from radixjax.parallel.mesh import EXPERT_AXIS, TENSOR_AXIS, MeshConfig, make_me
 Rules = tuple[tuple[str, tuple[str, ...]], ...]
 
 TP_AXES = (EXPERT_AXIS, TENSOR_AXIS)
+MOE_DISPATCH = ("psum", "all_to_all")
 DEFAULT_RULES: Rules = (
     ("q_heads", TP_AXES),
     ("kv_heads", TP_AXES),
@@ -41,6 +42,7 @@ DEFAULT_RULES: Rules = (
     ("head_dim", ()),
     ("router", ()),
     ("slots", ()),
+    ("latent", ()),
 )
 
 
@@ -50,6 +52,11 @@ class Layout:
 
     mesh: Mesh
     rules: Rules = DEFAULT_RULES
+    moe_dispatch: str = "psum"  # EP: "psum" | "all_to_all" (model/moe.py, moe_a2a.py)
+
+    def __post_init__(self) -> None:
+        if self.moe_dispatch not in MOE_DISPATCH:
+            raise ValueError(f"moe_dispatch must be one of {MOE_DISPATCH}")
 
     def mesh_axes(self, logical: str) -> tuple[str, ...]:
         for name, axes in self.rules:
@@ -95,10 +102,11 @@ class Layout:
         return self.partition((logical,), (dim,))[0] is not None
 
 
-def layout_for(tp: int, ep: int, devices: Sequence[jax.Device] | None = None) -> Layout | None:
+def layout_for(tp: int, ep: int, devices: Sequence[jax.Device] | None = None,
+               moe_dispatch: str = "psum") -> Layout | None:
     """The layout of a --tp / --ep pair over `devices` (default: every visible one; a
     data-parallel replica passes its slice); tp = ep = 1: None, the single-device path
     (no mesh at all)."""
     if tp == 1 and ep == 1:
         return None
-    return Layout(make_mesh(MeshConfig(tp=tp, ep=ep), devices))
+    return Layout(make_mesh(MeshConfig(tp=tp, ep=ep), devices), moe_dispatch=moe_dispatch)

@@ -25,8 +25,9 @@ class ShardingError(ValueError):
 
 
 def kv_repeat(cfg: ModelConfig, tp: int) -> int:
-    """How many copies of each KV head the pool holds under TP size tp."""
-    if cfg.num_kv_heads >= tp:
+    """How many copies of each KV head the pool holds under TP size tp (MLA's one latent
+    row is replicated whole instead: model/mla.py)."""
+    if cfg.num_kv_heads >= tp or cfg.mla is not None:
         return 1
     if tp % cfg.num_kv_heads:
         raise ShardingError(f"tp={tp} is not a multiple of num_kv_heads={cfg.num_kv_heads}")
@@ -37,7 +38,7 @@ def check_divisible(cfg: ModelConfig, layout: Layout) -> None:
     tp, ep = layout.tp, layout.ep
     if cfg.num_heads % tp:
         raise ShardingError(f"num_heads={cfg.num_heads} is not divisible by tp={tp}")
-    if cfg.num_kv_heads * kv_repeat(cfg, tp) % tp:
+    if cfg.mla is None and cfg.num_kv_heads * kv_repeat(cfg, tp) % tp:
         raise ShardingError(f"num_kv_heads={cfg.num_kv_heads} is not divisible by tp={tp}")
     if cfg.num_experts and cfg.num_experts % ep:
         raise ShardingError(f"num_experts={cfg.num_experts} is not divisible by ep={ep}")
@@ -111,6 +112,7 @@ def shard_params(cfg: ModelConfig, params: Params, layout: Layout) -> Params:
 
 
 def kv_sharding(layout: Layout, run_cfg: ModelConfig, num_slots: int) -> jax.sharding.Sharding:
-    """The pool [L * num_slots, Hkv, Dh]: sharded over KV heads."""
+    """The pool [L * num_slots, Hkv, Dh]: sharded over KV heads (MLA's single latent
+    head: replicated, as Layout.partition leaves an undivided dim)."""
     shape = (run_cfg.num_layers * num_slots, run_cfg.num_kv_heads, run_cfg.head_dim)
     return layout.sharding(("slots", "kv_heads", "head_dim"), shape)

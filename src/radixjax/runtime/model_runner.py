@@ -63,6 +63,7 @@ class RunnerConfig:
     attention_backend: str = "auto"  # "native" | "pallas" | "auto" (pallas on a GPU)
     page_size: int = 1  # the allocator's page size, or 1 (valid for any allocation)
     kv_dtype: str = "float32"
+    mla_absorb: bool = True  # MLA decode in the latent space; False: expanded (reference)
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in DTYPES:
@@ -120,14 +121,14 @@ def _step(
     params: Params, kv: KVPool, table: jax.Array, last_tokens: jax.Array, counts: jax.Array,
     input_ids: jax.Array, src: TokenSource, scores: PromptScores, md: AttentionMetadata,
     sp: SamplingArrays, token_mask: jax.Array, flags: StepFlags, *,
-    cfg: ModelConfig, backend: str, page_size: int, layout: Layout | None,
+    cfg: ModelConfig, backend: str, page_size: int, layout: Layout | None, mla_absorb: bool,
 ) -> tuple[StepOutput, KVPool, jax.Array, jax.Array, jax.Array]:
     """token_mask: [B, ceil(V / 32)] int32 grammar bitmask (all ones: unconstrained)."""
     table, md = _write_table(table, src, md)
     input_ids = jnp.where(src.use_last, last_tokens[src.token_row], input_ids)
     hidden, kv = forward_hidden(
         params, kv, input_ids, md, cfg=cfg,
-        backend=get_backend(backend, page_size), layout=layout,
+        backend=get_backend(backend, page_size), layout=layout, mla_absorb=mla_absorb,
     )  # [T, D]
     logits = lm_head(params, hidden[last_token_rows(md)], cfg, layout)  # [B, V]
     prompt = lax.cond(
@@ -166,24 +167,26 @@ def _sync_row(table: jax.Array, row: jax.Array, slots: jax.Array) -> jax.Array:
 def _all_logits(
     params: Params, kv: KVPool, table: jax.Array, input_ids: jax.Array, src: TokenSource,
     md: AttentionMetadata, *, cfg: ModelConfig, backend: str, page_size: int,
-    layout: Layout | None,
+    layout: Layout | None, mla_absorb: bool,
 ) -> tuple[jax.Array, KVPool, jax.Array]:
     table, md = _write_table(table, src, md)
     logits, kv = forward(
         params, kv, input_ids, md, cfg=cfg,
         backend=get_backend(backend, page_size), all_logits=True, layout=layout,
+        mla_absorb=mla_absorb,
     )
     return logits, kv, table
 
 
 @cache
 def _jitted(cfg: ModelConfig, backend: str, page_size: int, layout: Layout | None,
-            pool_sharding: jax.sharding.Sharding | None) -> tuple:
+            pool_sharding: jax.sharding.Sharding | None, mla_absorb: bool = True) -> tuple:
     """(step, all_logits, sync_row) jitted for these statics. Memoized: runners with equal
     statics share the jitted functions, so JAX's in-memory caches (trace, lowering,
     executable) serve a second runner in this process without tracing or loading again
     (an engine restarted in a notebook, the test suite's many engines)."""
-    statics = dict(cfg=cfg, backend=backend, page_size=page_size, layout=layout)
+    statics = dict(cfg=cfg, backend=backend, page_size=page_size, layout=layout,
+                   mla_absorb=mla_absorb)
     # Sharded: pin where the state comes back (as it went in), or XLA may return, say,
     # the counts split like the vocab-sharded logits and the next step's program would
     # refuse them.
@@ -240,7 +243,8 @@ class ModelRunner:
                            else jnp.float32)
         self.reset_state()
         self._step, self._logits, self._sync = _jitted(
-            self.run_cfg, self.attention_backend, config.page_size, layout, pool_sharding)
+            self.run_cfg, self.attention_backend, config.page_size, layout, pool_sharding,
+            config.mla_absorb)
         self._no_mask: dict[int, jax.Array] = {}  # all-ones grammar mask per B, on device
         self.programs = StepPrograms(self._step, self._example_args)
 
