@@ -1,5 +1,6 @@
-"""Step time and per-device memory for each TP / EP layout of a dense and an MoE model
-(random weights, ModelConfig built here, no checkpoint needed).
+"""Step time and per-device memory for each TP / EP layout of a dense model, an MoE model
+and a DeepSeek-style one (MLA + shared expert + grouped routing), EP by psum and by
+all-to-all side by side (random weights, ModelConfig built here, no checkpoint needed).
 
     # CPU: 8 fake devices sharing the cores (correctness-oriented, not a speed test)
     .venv/bin/python benchmarks/sharding.py --cpu-devices 8
@@ -7,7 +8,8 @@
     python benchmarks/sharding.py --preset gpu --dtype bfloat16
 
 Per-device memory counts the bytes of params and KV pool each device holds (sum of its
-shards); on a GPU device 0's allocator bytes in use (memory_stats) are shown too.
+shards) and the decode program's scratch (XLA's temp allocation, per device); on a GPU
+device 0's allocator bytes in use (memory_stats) are shown too.
 Decode: B requests, one new token each over `ctx` cached positions; prefill: one
 request of T tokens.
 """
@@ -31,7 +33,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from model_step import time_steps  # noqa: E402  (benchmarks/, the script's folder)
 
-from radixjax.model.config import ModelConfig  # noqa: E402
+from radixjax.model.config import MLADims, ModelConfig  # noqa: E402
 from radixjax.model.params import init_params  # noqa: E402
 from radixjax.parallel.mesh import MeshConfig, make_mesh  # noqa: E402
 from radixjax.parallel.rules import Layout  # noqa: E402
@@ -43,17 +45,36 @@ PRESETS = {  # (hidden, heads, kv heads, layers, mlp, vocab, experts, expert mlp
     "gpu": (2048, 16, 8, 8, 5632, 32768, 16, 1408, 32, 1024, 1024),
 }
 DENSE_LAYOUTS = ((1, 1), (2, 1), (4, 1), (8, 1))
-MOE_LAYOUTS = ((1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 8))
+# a third entry "a2a": EP dispatch by all-to-all (else psum)
+MOE_LAYOUTS = ((1, 1), (2, 1), (2, 2), (2, 2, "a2a"), (4, 2), (4, 4), (4, 4, "a2a"), (8, 8),
+               (8, 8, "a2a"))
+MLA_LAYOUTS = ((1, 1), (2, 1), (4, 4), (4, 4, "a2a"), (8, 8), (8, 8, "a2a"))
+MODELS = ("dense", "moe", "deepseek")
 
 
-def model_config(preset: str, moe: bool) -> ModelConfig:
+def model_config(preset: str, kind: str) -> ModelConfig:
     d, h, hkv, layers, f, v, e, fe, *_ = PRESETS[preset]
-    return ModelConfig(
-        model_type="qwen3_moe" if moe else "qwen3", vocab_size=v, hidden_size=d,
-        intermediate_size=f, num_layers=layers, num_heads=h, num_kv_heads=hkv,
-        head_dim=d // h, qk_norm=True, num_experts=e if moe else 0,
-        num_experts_per_tok=2 if moe else 0, moe_intermediate_size=fe,
-    )
+    moe = kind != "dense"
+    common = dict(vocab_size=v, hidden_size=d, intermediate_size=f, num_layers=layers,
+                  num_heads=h, num_experts=e if moe else 0,
+                  num_experts_per_tok=2 if moe else 0, moe_intermediate_size=fe)
+    if kind == "deepseek":  # V3-style: latent d/2 + rope 32, q LoRA, first layer dense
+        mla = MLADims(q_lora_rank=d // 2, kv_lora_rank=d // 2, qk_nope_head_dim=d // h,
+                      qk_rope_head_dim=32, v_head_dim=d // h)
+        return ModelConfig(model_type="deepseek_v3", num_kv_heads=1,
+                           head_dim=mla.kv_lora_rank + mla.qk_rope_head_dim, mla=mla,
+                           sparse_layers=(False,) + (True,) * (layers - 1),
+                           moe_scoring="sigmoid", moe_topk_method="noaux_tc", moe_n_group=4,
+                           moe_topk_group=2, moe_router_bias=True, shared_expert_size=fe,
+                           **common)
+    return ModelConfig(model_type="qwen3_moe" if moe else "qwen3", num_kv_heads=hkv,
+                       head_dim=d // h, qk_norm=True, **common)
+
+
+def scratch_bytes(runner: ModelRunner, num_tokens: int) -> int:
+    """XLA's temp allocation of the step program of this token bucket (per device)."""
+    shape = runner.buckets.shape_of(num_tokens)
+    return runner.programs._lower(shape).compile().memory_analysis().temp_size_in_bytes
 
 
 def per_device_bytes(runner: ModelRunner) -> dict[str, int]:
@@ -68,9 +89,12 @@ def per_device_bytes(runner: ModelRunner) -> dict[str, int]:
     return out
 
 
-def bench(cfg: ModelConfig, tp: int, ep: int, args: argparse.Namespace) -> dict:
+def bench(cfg: ModelConfig, tp: int, ep: int, dispatch: str,
+          args: argparse.Namespace) -> dict:
     *_, b, ctx, t = PRESETS[args.preset]
-    layout = None if tp == ep == 1 else Layout(make_mesh(MeshConfig(tp=tp, ep=ep)))
+    layout = None if tp == ep == 1 else Layout(
+        make_mesh(MeshConfig(tp=tp, ep=ep)),
+        moe_dispatch="all_to_all" if dispatch == "a2a" else "psum")
     params = init_params(cfg, jax.random.key(0), args.dtype)
     runner = ModelRunner(cfg, params, RunnerConfig(
         num_slots=b * ctx + t + 8, max_batch_tokens=t,
@@ -83,7 +107,8 @@ def bench(cfg: ModelConfig, tp: int, ep: int, args: argparse.Namespace) -> dict:
               for i in range(b)]
     prefill = [RequestSlice(rng.integers(3, cfg.vocab_size, t).astype(np.int32),
                             np.arange(1 + b * ctx, 1 + b * ctx + t, dtype=np.int32))]
-    row = {"layout": f"tp={tp} ep={ep}", **per_device_bytes(runner),
+    row = {"layout": f"tp={tp} ep={ep}" + (" a2a" if dispatch == "a2a" else ""),
+           **per_device_bytes(runner), "scratch": scratch_bytes(runner, b),
            "decode_ms": 1e3 * time_steps(runner, decode, args.steps),
            "prefill_ms": 1e3 * time_steps(runner, prefill, args.steps)}
     stats = jax.devices()[0].memory_stats() or {}  # None on the CPU backend
@@ -99,28 +124,28 @@ def main() -> None:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--attention-backend", default="native")
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--only", choices=("dense", "moe"), default=None)
+    p.add_argument("--only", choices=MODELS, default=None)
     args = p.parse_args()
     n = len(jax.devices())
     d, h, hkv, layers, f, v, e, fe, b, ctx, t = PRESETS[args.preset]
     print(f"{n} x {jax.devices()[0].device_kind}; preset {args.preset}: hidden {d}, heads "
           f"{h}/{hkv}, {layers} layers, mlp {f}, vocab {v}, experts {e} top-2 of {fe}; "
           f"decode B={b} ctx={ctx}, prefill T={t}; {args.dtype}\n")
-    print("| model | layout | params / device | KV pool / device | decode ms/step "
-          "| prefill ms/step | device 0 in use |")
-    print("|---|---|---|---|---|---|---|")
-    for moe, layouts in ((False, DENSE_LAYOUTS), (True, MOE_LAYOUTS)):
-        if args.only and args.only != ("moe" if moe else "dense"):
+    print("| model | layout | params / device | KV pool / device | decode scratch / device "
+          "| decode ms/step | prefill ms/step | device 0 in use |")
+    print("|---|---|---|---|---|---|---|---|")
+    for kind, layouts in zip(MODELS, (DENSE_LAYOUTS, MOE_LAYOUTS, MLA_LAYOUTS), strict=True):
+        if args.only and args.only != kind:
             continue
-        cfg = model_config(args.preset, moe)
-        for tp, ep in layouts:
+        cfg = model_config(args.preset, kind)
+        for tp, ep, *dispatch in layouts:
             if tp > n:
                 continue
-            r = bench(cfg, tp, ep, args)
+            r = bench(cfg, tp, ep, dispatch[0] if dispatch else "psum", args)
             peak = f"{r['in_use'] / 2**20:.0f} MiB" if r["in_use"] else "n/a"
             print(f"| {cfg.model_type} | {r['layout']} | {r['params'] / 2**20:.1f} MiB "
-                  f"| {r['kv'] / 2**20:.1f} MiB | {r['decode_ms']:.1f} | {r['prefill_ms']:.1f} "
-                  f"| {peak} |", flush=True)
+                  f"| {r['kv'] / 2**20:.1f} MiB | {r['scratch'] / 2**20:.1f} MiB "
+                  f"| {r['decode_ms']:.1f} | {r['prefill_ms']:.1f} | {peak} |", flush=True)
 
 
 if __name__ == "__main__":
