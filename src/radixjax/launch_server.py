@@ -80,6 +80,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "to the least loaded replica, or in turn")
     g.add_argument("--ep", type=int, default=1,
                    help="expert-parallel groups inside the TP group (MoE); must divide --tp")
+    g.add_argument("--enable-dp-attention", action="store_true",
+                   help="attention data-parallel: each of the --tp devices a DP rank with "
+                        "its own requests, KV pool (--num-slots each) and radix cache; the "
+                        "MLP / MoE still split over all (for MLA models); --dp, if given, "
+                        "must equal --tp")
     g.add_argument("--moe-dispatch", choices=MOE_DISPATCH, default="psum",
                    help="EP: every device sums its experts' share of all tokens (psum), or "
                         "tokens travel to their experts' devices and back (all_to_all)")
@@ -108,6 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     dist = DistConfig(args.nnodes, args.node_rank, args.dist_init_addr, args.dist_timeout)
     if dist.is_multihost and args.dp > 1:
         raise SystemExit("--dp with --nnodes is not supported: one engine spans the hosts")
+    if args.enable_dp_attention:  # SGLang's --dp N --enable-dp-attention: N ranks, one engine
+        if args.dp not in (1, args.tp):
+            raise SystemExit("--enable-dp-attention makes each of the --tp devices a DP rank: "
+                             "--dp must equal --tp")
+        args.dp = 1
     import uvicorn
 
     from radixjax.engine.engine import Engine
@@ -124,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         policy=args.policy, enable_cache=not args.disable_radix_cache,
         enable_overlap=not args.disable_overlap, enable_mixed=args.enable_mixed,
         dtype=args.dtype, attention_backend=args.attention_backend, tp=args.tp, ep=args.ep,
-        moe_dispatch=args.moe_dispatch,
+        moe_dispatch=args.moe_dispatch, enable_dp_attention=args.enable_dp_attention,
         disaggregation_mode=args.disaggregation_mode,
         disaggregation_timeout=args.disaggregation_timeout,
         warmup=not args.no_warmup,  # every step program, before /health answers

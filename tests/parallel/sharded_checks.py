@@ -162,17 +162,60 @@ def engine_outputs(root: Path, fam: str, layouts, in_memory: tuple[int, int]) ->
     folder = root / fam if (root / fam).exists() else save_tiny_model(fam, root / fam)
     out = {}
     for tp, ep, *dispatch in (*layouts, in_memory):
-        kw["moe_dispatch"] = "all_to_all" if dispatch == ["a2a"] else "psum"
+        # tags: "a2a" EP by all-to-all, "dpa" DP attention
+        kw["moe_dispatch"] = "all_to_all" if "a2a" in dispatch else "psum"
+        kw["enable_dp_attention"] = "dpa" in dispatch
         if (tp, ep, *dispatch) == in_memory:
             m = load_model(folder, load_tokenizer=False)
             engine = Engine(params=m.params, model_config=m.cfg, tp=tp, ep=ep, **kw)
         else:
             engine = Engine(folder, tp=tp, ep=ep, **kw)
         with engine as e:
-            out[f"tp={tp} ep={ep}" + "".join(f" {d}" for d in dispatch)] = [
-                [int(t) for t in o.token_ids]
-                                       for p in (sp, sampled) for o in e.generate(prompts, p)]
+            key = f"tp={tp} ep={ep}" + "".join(f" {d}" for d in dispatch)
+            out[key] = [[int(t) for t in o.token_ids]
+                        for p in (sp, sampled) for o in e.generate(prompts, p)]
             e.check_integrity()
+            if "dpa" in dispatch:  # tokens cached per DP rank; the pool split by rows
+                out[key + " ranks"] = [s.kvm.tree.total_size() for s in e.scheduler.ranks]
+                pool = e.runner.kv[0]
+                out[key + " pool"] = [list(pool.shape), sorted(
+                    {tuple(x.data.shape) for x in pool.addressable_shards})]
+    return out
+
+
+def dp_attention_paths(root: Path) -> dict:
+    """DP attention (tp 2, qwen2) under pressure against one device: 8 concurrent greedy
+    requests over 2 ranks of 4 rows each with a retraction every 2 decode steps; then a
+    step that fails (fault hook) fails its requests, every rank recovers and serves the
+    same outputs again."""
+    from radixjax import Engine, SamplingParams
+    from radixjax.engine.scheduler import EngineError
+
+    kw = dict(num_slots=256, max_running=4, max_context=64, max_prefill_tokens=32,
+              chunk_size=16, warmup=False)
+    sp = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
+    rng = np.random.default_rng(7)
+    shared = list(rng.integers(3, 200, 10))
+    prompts = [list(rng.integers(3, 200, n)) for n in (3, 25, 9, 14)]
+    prompts += [shared + list(rng.integers(3, 200, n)) for n in (2, 6, 11, 4)]
+    folder = root / "qwen2" if (root / "qwen2").exists() else save_tiny_model("qwen2",
+                                                                              root / "qwen2")
+    with Engine(folder, **kw) as e:
+        ref = [o.token_ids for o in e.generate(prompts, sp)]
+    out: dict = {}
+    with Engine(folder, tp=2, enable_dp_attention=True, retract_every=2, **kw) as e:
+        out["retract"] = [o.token_ids for o in e.generate(prompts, sp)] == ref
+        out["retractions"] = e.stats()["num_retractions"]
+        e.check_integrity()
+        e.inject_fault()
+        try:
+            e.generate(prompts[:2], sp)
+            out["fault"] = ""
+        except EngineError as err:
+            out["fault"] = str(err)
+        out["after_fault"] = [o.token_ids for o in e.generate(prompts[:3], sp)] == ref[:3]
+        out["healthy"] = e.healthy
+        e.check_integrity()
     return out
 
 
@@ -182,17 +225,20 @@ def main() -> None:
     result: dict = {}
     if part == "dense":
         result["errors"] = check_logits(root, DENSE)
-        result["engine"] = engine_outputs(root, "qwen2", ((1, 1), (4, 1)), (8, 1))
+        result["engine"] = engine_outputs(root, "qwen2", ((1, 1), (4, 1), (4, 1, "dpa")),
+                                          (8, 1))
         result["pallas"] = pallas_and_errors(root)
         result["collectives"] = step_collectives(root, "llama", 2, 1)
+        result["dp attention"] = dp_attention_paths(root)
     elif part == "moe":
         result["errors"] = check_logits(root, {**MOE, **MLA})
         result["shards"] = shard_shapes(root)
         result["collectives"] = step_collectives(root, "mixtral", 4, 2)
         result["a2a collectives"] = step_collectives(root, "deepseek_v3", 4, 4, "a2a")
         # MLA + shared experts + EP all-to-all through the engine (radix hit, chunks)
-        result["engine"] = engine_outputs(root, "deepseek_v3", ((1, 1), (4, 4, "a2a")),
-                                          (2, 2))
+        result["engine"] = engine_outputs(
+            root, "deepseek_v3", ((1, 1), (4, 4, "a2a"), (4, 1, "dpa"), (8, 8, "a2a", "dpa")),
+            (2, 2, "dpa"))
     print("RESULT " + json.dumps(result))
 
 

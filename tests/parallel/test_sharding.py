@@ -120,13 +120,32 @@ def test_params_and_kv_pool_are_sharded(moe) -> None:
 
 
 def test_engine_outputs_equal_across_layouts(dense, moe) -> None:
-    """Greedy, and seeded sampling (temperature, top-k, top-p), token for token."""
+    """Greedy, and seeded sampling (temperature, top-k, top-p), token for token: TP, EP
+    (psum and all-to-all) and DP attention against one device."""
     for result in (dense, moe):
-        outs = result["engine"]
+        outs = {k: v for k, v in result["engine"].items()
+                if not k.endswith((" ranks", " pool"))}
         ref = outs["tp=1 ep=1"]
         assert ref and all(len(o) > 0 for o in ref)
         for name, got in outs.items():
             assert got == ref, name
+    assert {"tp=4 ep=1 dpa", "tp=8 ep=8 a2a dpa", "tp=2 ep=2 dpa"} <= set(moe["engine"])
+
+
+def test_dp_attention_ranks_own_their_requests_and_pool_rows(dense, moe) -> None:
+    """Under DP attention the requests spread over the ranks (each caching its own
+    prefixes; with 3 prompts some of 4 or 8 ranks stay idle and run padding), and each
+    device holds only its rank's rows of the pool."""
+    engines = {**{f"qwen2 {k}": v for k, v in dense["engine"].items()},
+               **{f"deepseek_v3 {k}": v for k, v in moe["engine"].items()}}
+    dpa = [k.removesuffix(" ranks") for k in engines if k.endswith(" ranks")]
+    assert len(dpa) == 4, dpa
+    for name in dpa:
+        ranks, (shape, shards) = engines[f"{name} ranks"], engines[f"{name} pool"]
+        assert sum(n > 0 for n in ranks) >= 2, (name, ranks)
+        if len(ranks) > 3:
+            assert 0 in ranks, (name, ranks)  # an idle rank, in step all along
+        assert shards == [[shape[0] // len(ranks), *shape[1:]]], (name, shape, shards)
 
 
 def test_step_programs_use_only_collectives_checked_across_processes(dense, moe) -> None:
@@ -137,3 +156,10 @@ def test_step_programs_use_only_collectives_checked_across_processes(dense, moe)
         assert ops, ops
         assert set(ops) <= {"all-reduce", "all-gather", "all-to-all"}, ops
     assert "all-to-all" in moe["a2a collectives"]  # EP dispatch really by all-to-all
+
+
+def test_dp_attention_retraction_and_recovery(dense) -> None:
+    r = dense["dp attention"]
+    assert r["retract"] and r["retractions"] > 0, r
+    assert "injected fault" in r["fault"], r
+    assert r["after_fault"] and r["healthy"], r

@@ -37,6 +37,9 @@ class EngineConfig:
     tp: int = 1  # tensor-parallel devices (0: every visible device); docs/sharding.md
     ep: int = 1  # expert-parallel groups inside the TP group (MoE models); divides tp
     moe_dispatch: str = "psum"  # EP: "psum" | "all_to_all" (docs/sharding.md, measured)
+    # attention data-parallel over the tp devices (one DP rank each, with its own requests,
+    # KV slots and radix tree: num_slots and max_running are per rank), MLP / MoE over all
+    enable_dp_attention: bool = False
     disaggregation_mode: str = "null"  # prefill / decode server of a PD pair (disagg/)
     disaggregation_timeout: float = 30.0  # s: a room's prefill, fetch and pull, each
 
@@ -72,3 +75,7 @@ class EngineConfig:
         check(self.disaggregation_mode != "decode" or self.enable_cache,
               "a decode server lands the transferred KV in its radix cache: keep it on")
         check(self.disaggregation_timeout > 0, "disaggregation_timeout must be > 0")
+        check(not self.enable_dp_attention or self.tp != 1,
+              "DP attention needs tp > 1 (one DP rank per device)")
+        check(not self.enable_dp_attention or self.disaggregation_mode == "null",
+              "DP attention with prefill-decode disaggregation is not supported")

@@ -18,6 +18,7 @@ import numpy as np
 from radixjax.disagg.bootstrap import Bootstrap
 from radixjax.disagg.sides import make_side
 from radixjax.engine.config import EngineConfig
+from radixjax.engine.dp_attention import DPAttentionScheduler
 from radixjax.engine.output import GenerateOutput, StreamChunk
 from radixjax.engine.request import Req
 from radixjax.engine.scheduler import EngineError, RequestError, Scheduler
@@ -44,13 +45,13 @@ T = TypeVar("T")
 Prompt = str | Sequence[int]
 
 
-def runner_config_for(c: EngineConfig) -> RunnerConfig:
+def runner_config_for(c: EngineConfig, dp_ranks: int = 1) -> RunnerConfig:
     """The runner an engine config needs: token buckets up to the largest step the
     scheduler can emit (`max_step_tokens`), so the warm-up covers every step."""
     return RunnerConfig(
         num_slots=c.num_slots, max_batch_tokens=c.max_step_tokens, max_running=c.max_running,
         max_context=c.max_context, attention_backend=c.attention_backend,
-        page_size=c.page_size, kv_dtype=c.dtype,
+        page_size=c.page_size, kv_dtype=c.dtype, dp_ranks=dp_ranks,
     )
 
 
@@ -111,7 +112,10 @@ class Engine:
         self.config = EngineConfig(**engine_options)
         # One mesh per engine (None: one device); scheduler and radix tree stay one.
         self.layout = layout_for(self.config.tp, self.config.ep, devices,
-                                 self.config.moe_dispatch)
+                                 self.config.moe_dispatch, self.config.enable_dp_attention)
+        if self.config.enable_dp_attention and self.dist.is_multihost:
+            raise ValueError("DP attention over several hosts is not supported")
+        dp_ranks = self.layout.mesh.size if self.config.enable_dp_attention else 1
         device = None  # JAX's default device (programs shared with any plain engine)
         if devices is not None and self.layout is None and devices[0] != jax.devices()[0]:
             device = devices[0]
@@ -124,8 +128,8 @@ class Engine:
             loaded = load_model(model, dtype=self.config.dtype, placer_for=placer)
             params, self.model_config, self.tokenizer = loaded.params, loaded.cfg, loaded.tokenizer
         enable_persistent_cache()
-        self.runner = ModelRunner(self.model_config, params, runner_config_for(self.config),
-                                  self.layout, device)
+        self.runner = ModelRunner(self.model_config, params,
+                                  runner_config_for(self.config, dp_ranks), self.layout, device)
         if warmup:
             self.runner.warmup()
         self.disagg = make_side(self.config, self.runner, warmup)
@@ -137,7 +141,9 @@ class Engine:
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             eos = tuple(sorted(set(eos) | {self.tokenizer.eos_token_id}))
         self.eos_token_ids = eos
-        self.scheduler = Scheduler(self.runner, self.config, eos, self.tokenizer)
+        self.scheduler: Scheduler | DPAttentionScheduler = (
+            DPAttentionScheduler(dp_ranks, self.runner, self.config, eos, self.tokenizer)
+            if dp_ranks > 1 else Scheduler(self.runner, self.config, eos, self.tokenizer))
         self._grammar: GrammarBackend | None = None  # built on the first constrained request
         self._grammar_lock = threading.Lock()
         self._ids = itertools.count()
@@ -384,10 +390,9 @@ class Engine:
     def stats(self) -> dict[str, float]:
         def snap() -> dict[str, float]:
             s = self.scheduler
-            usable = s.kvm.allocator.num_usable_slots
-            used = usable - s.kvm.allocator.num_free_slots - s.kvm.tree.evictable_size()
+            used, usable, held = s.kv_usage()
             return s.stats.snapshot(num_running=len(s.running), num_waiting=len(s.waiting),
-                                    kv_usage=used / usable, kv_held=s.kvm.num_held,
+                                    kv_usage=used / usable, kv_held=held,
                                     num_late_compiles=self.runner.num_late_compiles,
                                     num_failures=s.num_failures,
                                     num_step_programs=self.runner.num_programs,
@@ -409,14 +414,14 @@ class Engine:
         def check() -> None:
             self.scheduler.check_integrity()
             if not self.scheduler.has_work:
-                assert self.scheduler.kvm.num_held == 0, "idle engine still holds KV slots"
+                assert self.scheduler.kv_usage()[2] == 0, "idle engine still holds KV slots"
         self._call(check)
 
     def cached_prefix_len(self, prompt: Prompt) -> int:
         """How many of the prompt's leading tokens this engine's radix cache holds (the
         DP router's cache-affinity signal); touches nothing."""
         ids = self._tokenize(prompt)
-        return self._call(lambda: self.scheduler.kvm.tree.match_len(ids))
+        return self._call(lambda: self.scheduler.cached_prefix_len(ids))
 
     def abort(self, rid: str) -> int:
         """Abort the waiting or running requests named `rid` (each then finishes with
@@ -434,7 +439,7 @@ class Engine:
         def flush() -> bool:
             if self.scheduler.has_work:
                 return False
-            self.scheduler.kvm.tree.reset()
+            self.scheduler.flush_cache()
             return True
         return self._call(flush)
 

@@ -582,6 +582,18 @@ class Scheduler:
 
     # -- accounting -------------------------------------------------------------------------
 
+    def kv_usage(self) -> tuple[int, int, int]:
+        """(slots not free and not evictable, usable slots, slots held by requests)."""
+        usable = self.kvm.allocator.num_usable_slots
+        used = usable - self.kvm.allocator.num_free_slots - self.kvm.tree.evictable_size()
+        return used, usable, self.kvm.num_held
+
+    def cached_prefix_len(self, ids: Any) -> int:
+        return self.kvm.tree.match_len(ids)
+
+    def flush_cache(self) -> None:
+        self.kvm.tree.reset()
+
     def check_integrity(self) -> None:
         self.kvm.check_integrity()
         self.rows.check_integrity()

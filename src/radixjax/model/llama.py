@@ -30,6 +30,7 @@ from radixjax.parallel.collectives import (
     vocab_parallel_embed,
     vocab_parallel_head,
 )
+from radixjax.parallel.dp_attention import dp_sharded_attention, shard_tokens
 from radixjax.parallel.rules import Layout
 
 # (k, v), each [L * S, Hkv, Dh]: layer l at rows l*S..; MLA: k is the latent pool
@@ -56,10 +57,10 @@ def kv_pool_bytes(cfg: ModelConfig, num_slots: int, dtype: jnp.dtype) -> int:
 def _attention_block(
     lp: Params, x: jax.Array, kv: tuple[jax.Array, jax.Array], md: AttentionMetadata,
     cos: jax.Array, sin: jax.Array, cfg: ModelConfig, backend: AttentionBackend,
-    window: int | None,
+    window: int | None, layout: Layout | None,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     t = x.shape[0]
-    h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
+    h = shard_tokens(rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps), layout)
     q = linear(h, lp["wq"], lp.get("bq")).reshape(t, cfg.num_heads, cfg.head_dim)
     k = linear(h, lp["wk"], lp.get("bk")).reshape(t, cfg.num_kv_heads, cfg.head_dim)
     v = linear(h, lp["wv"], lp.get("bv")).reshape(t, cfg.num_kv_heads, cfg.head_dim)
@@ -130,7 +131,7 @@ def _decoder_layer(
         kv = (k_pool, kv[1])
     else:
         attn, kv = _attention_block(lp, x, kv, md, cos, sin, cfg, backend,
-                                    cfg.sliding_windows[kind])
+                                    cfg.sliding_windows[kind], layout)
     x = replicate(x + attn)
     return replicate(x + _mlp_block(lp, x, cfg, layout, kind)), kv
 
@@ -150,7 +151,9 @@ def forward_hidden(
     lax.scan. Returns (the final-normed hidden state of every token [T, D], new kv pool).
     layout: run sharded (cfg must then be parallel.sharded_config(...) of the model).
     mla_absorb=False: MLA decodes expanded too (the reference for the absorbed form)."""
-    if layout is not None:
+    if layout is not None and layout.dp_attention:
+        backend = dp_sharded_attention(backend, layout, cfg.num_layers)
+    elif layout is not None:
         backend = sharded_attention(backend, layout)
     x = _embed(params, input_ids, cfg, layout)  # [T, D]
     cos, sin = rope_cos_sin(md.positions, rope_inv_freq(cfg), rope_attention_factor(cfg))

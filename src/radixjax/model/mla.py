@@ -22,9 +22,13 @@ expanded: the reference the absorbed decode is tested against.
 
 Under TP the heads split over the mesh (wq_b / wq columns, wkv_b columns, wo rows) and the
 latent pool is replicated: each device writes the same rows and reads them for its heads.
+Under DP attention (parallel/dp_attention.py) each device runs every head for its own
+requests over its own rows of the pool.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +46,7 @@ from radixjax.model.native_attention import (
     gather_rows,
 )
 from radixjax.model.params import Params
+from radixjax.parallel.dp_attention import dp_axes, local_md, md_specs, shard_tokens
 from radixjax.parallel.rules import Layout
 
 LORA_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm: HF builds them with the default eps
@@ -108,7 +113,7 @@ def mla_attention_block(
     m = cfg.mla
     assert m is not None
     t = x.shape[0]
-    h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
+    h = shard_tokens(rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps), layout)
     if "wq" in lp:
         q = linear(h, lp["wq"])
     else:
@@ -120,11 +125,19 @@ def mla_attention_block(
     k_pe = apply_rope(kv[:, None, m.kv_lora_rank:], cos, sin)  # [T, 1, Dr]
     latent = jnp.concatenate([c[:, None, :], k_pe], axis=-1)  # [T, 1, Rkv + Dr]
 
-    def attend(q_nope, q_pe, latent, pool, wkv_b, md):
+    def attend(q_nope, q_pe, latent, pool, wkv_b, md, ranks: tuple[str, ...] = ()):
+        if ranks:  # DP attention: this rank's chunk, with local indices
+            md = local_md(md, ranks, cfg.num_layers, pool.shape[0])
         return mla_attend(q_nope, q_pe, latent, pool, wkv_b, md, scale=softmax_scale(cfg),
                           absorb=absorb)
 
-    if layout is not None and layout.is_sharded("q_heads", cfg.num_heads):
+    if layout is not None and layout.dp_attention:  # each rank: its tokens, its pool rows
+        axes = dp_axes(layout)
+        chunk = P(axes, None, None)
+        attend = jax.shard_map(partial(attend, ranks=axes), mesh=layout.mesh,
+                               in_specs=(chunk, chunk, chunk, chunk, P(), md_specs(axes)),
+                               out_specs=(chunk, chunk), check_vma=False)
+    elif layout is not None and layout.is_sharded("q_heads", cfg.num_heads):
         axes = layout.active_axes("q_heads")
         heads = P(None, axes, None)
         attend = jax.shard_map(attend, mesh=layout.mesh,

@@ -11,6 +11,10 @@ table, which turns a leaf's logical axes into a PartitionSpec / NamedSharding.
 | expert_mlp   | (tensor,)            | each expert's columns (gate/up) / rows (down)  |
 | embed, head_dim, router, slots, latent | replicated | norms, router, MLA latents |
 
+DP attention (`layout_for(.., dp_attention=True)`, parallel/dp_attention.py) swaps three
+rows: q_heads and kv_heads replicated (each device attends its own requests with every
+head), slots split over (expert, tensor): the pool's rows, one chunk per device.
+
 A dimension the mesh axes do not divide is replicated (vocab, mlp, expert_mlp, experts);
 heads never are: `shard_params.check_divisible` rejects such a layout first, and KV heads
 fewer than the TP ranks are replicated by repeating them (shard_params.kv_repeat).
@@ -44,6 +48,9 @@ DEFAULT_RULES: Rules = (
     ("slots", ()),
     ("latent", ()),
 )
+DP_ATTENTION_RULES: Rules = tuple(
+    (name, {"q_heads": (), "kv_heads": (), "slots": TP_AXES}.get(name, axes))
+    for name, axes in DEFAULT_RULES)
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,11 @@ class Layout:
         return NamedSharding(self.mesh, self.partition(logical_axes, shape))
 
     @property
+    def dp_attention(self) -> bool:
+        """Attention runs data-parallel: each device its own requests and pool rows."""
+        return bool(self.active_axes("slots"))
+
+    @property
     def replicated(self) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec())
 
@@ -103,10 +115,11 @@ class Layout:
 
 
 def layout_for(tp: int, ep: int, devices: Sequence[jax.Device] | None = None,
-               moe_dispatch: str = "psum") -> Layout | None:
+               moe_dispatch: str = "psum", dp_attention: bool = False) -> Layout | None:
     """The layout of a --tp / --ep pair over `devices` (default: every visible one; a
     data-parallel replica passes its slice); tp = ep = 1: None, the single-device path
     (no mesh at all)."""
     if tp == 1 and ep == 1:
         return None
-    return Layout(make_mesh(MeshConfig(tp=tp, ep=ep), devices), moe_dispatch=moe_dispatch)
+    rules = DP_ATTENTION_RULES if dp_attention else DEFAULT_RULES
+    return Layout(make_mesh(MeshConfig(tp=tp, ep=ep), devices), rules, moe_dispatch)

@@ -41,14 +41,18 @@ class Buckets:
 
     tokens: tuple[int, ...]  # T
     max_reqs: int  # B never exceeds this (the engine's max running requests)
+    # DP attention (engine/dp_attention.py): a program runs `ranks` chunks of one bucket
+    # each, one per DP rank, so its shape is ranks x the bucket's
+    ranks: int = 1
 
     @staticmethod
-    def default(max_tokens: int, max_reqs: int) -> Buckets:
-        return Buckets(tokens=pow2_buckets(1, max_tokens), max_reqs=max_reqs)
+    def default(max_tokens: int, max_reqs: int, ranks: int = 1) -> Buckets:
+        return Buckets(tokens=pow2_buckets(1, max_tokens), max_reqs=max_reqs, ranks=ranks)
 
     def shape_of(self, num_tokens: int) -> BatchShape:
         """The shape of the program for a token bucket."""
-        return BatchShape(num_tokens=num_tokens, num_reqs=min(num_tokens, self.max_reqs))
+        return BatchShape(num_tokens=num_tokens * self.ranks,
+                          num_reqs=min(num_tokens, self.max_reqs) * self.ranks)
 
     @property
     def shapes(self) -> list[BatchShape]:

@@ -64,6 +64,9 @@ class RunnerConfig:
     page_size: int = 1  # the allocator's page size, or 1 (valid for any allocation)
     kv_dtype: str = "float32"
     mla_absorb: bool = True  # MLA decode in the latent space; False: expanded (reference)
+    # DP attention ranks (engine/dp_attention.py): each rank has num_slots pool slots and
+    # max_running + 1 table rows of its own, and a step is one chunk of a bucket per rank
+    dp_ranks: int = 1
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in DTYPES:
@@ -76,13 +79,13 @@ class RunnerConfig:
 
     @property
     def buckets(self) -> Buckets:
-        return Buckets.default(self.max_batch_tokens, self.max_running)
+        return Buckets.default(self.max_batch_tokens, self.max_running, self.dp_ranks)
 
     @property
     def num_rows(self) -> int:
         """Rows of the device tables (req_to_token, token buffer, counts): one per running
-        request and the spare row that padding points at."""
-        return self.max_running + 1
+        request and the spare row that padding points at (per DP rank)."""
+        return (self.max_running + 1) * self.dp_ranks
 
     @property
     def table_width(self) -> int:
@@ -224,7 +227,7 @@ class ModelRunner:
         if layout is not None:
             params = shard_params(cfg, params, layout)
             inputs = layout.replicated  # where step inputs go
-            pool_sharding = kv_sharding(layout, self.run_cfg, config.num_slots)
+            pool_sharding = kv_sharding(layout, self.run_cfg, config.num_slots * config.dp_ranks)
         elif device is not None:
             inputs = pool_sharding = jax.sharding.SingleDeviceSharding(device)
             params = jax.device_put(params, inputs)
@@ -253,7 +256,7 @@ class ModelRunner:
         penalty counts (start-up, and recovery after a failed step, which may have
         consumed its donated buffers)."""
         config = self.config
-        self.kv: KVPool = init_kv_pool(self.run_cfg, config.num_slots,
+        self.kv: KVPool = init_kv_pool(self.run_cfg, config.num_slots * config.dp_ranks,
                                        self.pool_dtype, self._pool_sharding)
         rows = config.num_rows
         # req_to_token on the device ([rows, table_width] int32): each step writes its new
