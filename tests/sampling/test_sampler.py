@@ -81,6 +81,23 @@ def test_seed_reproduces_and_differs(probs) -> None:
     assert len(set(a.tolist())) > 5  # the position is folded in: rows are not all equal
 
 
+def test_a_near_tie_between_logits_does_not_change_the_sample(probs) -> None:
+    """Two tokens whose logits differ by float error (their order can flip from one batch
+    shape to another) must not swap random noise: every seed draws the same token with
+    the pair in either order. (Found in a server: a seeded request's text depended on its
+    batch-mates.)"""
+    a, b = np.argsort(-probs)[:2]  # the likeliest two: often drawn
+    tie = probs.copy()
+    tie[a] = tie[b] = (probs[a] + probs[b]) / 2
+    up, down = tie.copy(), tie.copy()
+    up[a] *= 1 + 1e-6
+    down[b] *= 1 + 1e-6
+    for p in (SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9)):
+        x, y = draw(up, p), draw(down, p)
+        assert np.isin(x, [a, b]).mean() > 0.1
+        assert (x == y).all(), int((x != y).sum())
+
+
 def test_logprobs_are_the_model_log_softmax(probs) -> None:
     logits = jnp.asarray(np.log(probs), jnp.float32)[None].repeat(3, 0)
     sp = SamplingArrays.build([SamplingParams(temperature=1.0)] * 3, [1, 2, 3], 3)

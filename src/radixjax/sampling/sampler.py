@@ -48,8 +48,11 @@ def _sample_row(
     keep &= (jnp.cumsum(probs) - probs) < top_p  # mass strictly before this token
     keep &= probs >= min_p * probs[0]
     keep = keep.at[0].set(True)
-    choice = jax.random.categorical(key, jnp.where(keep, sorted_logits, -jnp.inf))
-    sampled = order[choice]
+    # The draw is over the vocabulary in token order, so each token meets the same noise
+    # whatever the sort did: two logits within float error of each other (their order
+    # may differ between batches) would otherwise swap noises and change the sample.
+    keep = jnp.zeros(vocab, bool).at[order].set(keep)
+    sampled = jax.random.categorical(key, jnp.where(keep, scaled, -jnp.inf))
     return jnp.where(temperature > 0.0, sampled, jnp.argmax(logits)).astype(jnp.int32)
 
 
