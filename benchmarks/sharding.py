@@ -1,6 +1,7 @@
 """Step time and per-device memory for each TP / EP layout of a dense model, an MoE model
 and a DeepSeek-style one (MLA + shared expert + grouped routing), EP by psum and by
-all-to-all side by side (random weights, ModelConfig built here, no checkpoint needed).
+all-to-all side by side, and DP attention (each device its share of the requests);
+random weights, ModelConfig built here, no checkpoint needed.
 
     # CPU: 8 fake devices sharing the cores (correctness-oriented, not a speed test)
     .venv/bin/python benchmarks/sharding.py --cpu-devices 8
@@ -27,6 +28,7 @@ if "--cpu-devices" in sys.argv:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + f" --xla_force_host_platform_device_count={_n}")
 
+import time  # noqa: E402
 from collections import defaultdict  # noqa: E402
 
 import jax  # noqa: E402
@@ -35,10 +37,11 @@ from model_step import time_steps  # noqa: E402  (benchmarks/, the script's fold
 
 from radixjax.model.config import MLADims, ModelConfig  # noqa: E402
 from radixjax.model.params import init_params  # noqa: E402
-from radixjax.parallel.mesh import MeshConfig, make_mesh  # noqa: E402
-from radixjax.parallel.rules import Layout  # noqa: E402
-from radixjax.runtime.batch import RequestSlice  # noqa: E402
-from radixjax.runtime.model_runner import ModelRunner, RunnerConfig  # noqa: E402
+from radixjax.parallel.rules import layout_for  # noqa: E402
+from radixjax.runtime.batch import Buckets, RequestSlice, build_batch  # noqa: E402
+from radixjax.runtime.dp_batch import RankStep, merge_rank_steps  # noqa: E402
+from radixjax.runtime.model_runner import ModelRunner, RunnerConfig, StepOptions  # noqa: E402
+from radixjax.sampling.params import SamplingParams  # noqa: E402
 
 PRESETS = {  # (hidden, heads, kv heads, layers, mlp, vocab, experts, expert mlp, B, ctx, T)
     "cpu": (256, 8, 4, 4, 768, 4096, 8, 256, 8, 128, 128),
@@ -48,7 +51,8 @@ DENSE_LAYOUTS = ((1, 1), (2, 1), (4, 1), (8, 1))
 # a third entry "a2a": EP dispatch by all-to-all (else psum)
 MOE_LAYOUTS = ((1, 1), (2, 1), (2, 2), (2, 2, "a2a"), (4, 2), (4, 4), (4, 4, "a2a"), (8, 8),
                (8, 8, "a2a"))
-MLA_LAYOUTS = ((1, 1), (2, 1), (4, 4), (4, 4, "a2a"), (8, 8), (8, 8, "a2a"))
+MLA_LAYOUTS = ((1, 1), (2, 1), (4, 4), (4, 4, "a2a"), (8, 8), (8, 8, "a2a"), (4, 4, "dpa"),
+               (8, 8, "a2a", "dpa"))  # "dpa": DP attention
 MODELS = ("dense", "moe", "deepseek")
 
 
@@ -89,25 +93,64 @@ def per_device_bytes(runner: ModelRunner) -> dict[str, int]:
     return out
 
 
-def bench(cfg: ModelConfig, tp: int, ep: int, dispatch: str,
+def time_dp_steps(runner: ModelRunner, per_rank: list[list[RequestSlice]],
+                  steps: int) -> float:
+    """time_steps for DP attention: each rank's requests (local rows and slots; an empty
+    list: an idle rank) merged into one step, as engine/dp_attention.py does."""
+    c = runner.config
+    local = Buckets.default(c.max_batch_tokens, c.max_running)
+
+    def merged(sync: bool):
+        ranks = []
+        for reqs in per_rank:
+            reqs = [r._replace(row=i, sync_row=sync) for i, r in enumerate(reqs)]
+            ranks.append(RankStep(build_batch(reqs, local) if reqs else None,
+                                  [SamplingParams(temperature=0)] * len(reqs), [0] * len(reqs),
+                                  StepOptions() if reqs else None, None))
+        return merge_rank_steps(ranks, local, c.max_running + 1, 1)
+
+    first = merged(True)
+    runner.step(first.host, first.sampling, first.opts).tokens.block_until_ready()
+    step = merged(False)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        runner.step(step.host, step.sampling, step.opts).tokens.block_until_ready()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def bench(cfg: ModelConfig, tp: int, ep: int, tags: tuple[str, ...],
           args: argparse.Namespace) -> dict:
     *_, b, ctx, t = PRESETS[args.preset]
-    layout = None if tp == ep == 1 else Layout(
-        make_mesh(MeshConfig(tp=tp, ep=ep)),
-        moe_dispatch="all_to_all" if dispatch == "a2a" else "psum")
+    dpa = "dpa" in tags
+    layout = layout_for(tp, ep, moe_dispatch="all_to_all" if "a2a" in tags else "psum",
+                        dp_attention=dpa)
+    ranks = tp if dpa else 1
     params = init_params(cfg, jax.random.key(0), args.dtype)
-    runner = ModelRunner(cfg, params, RunnerConfig(
-        num_slots=b * ctx + t + 8, max_batch_tokens=t,
-        max_running=b, max_context=max(ctx, t), kv_dtype=args.dtype,
-        attention_backend=args.attention_backend), layout)
+    runner = ModelRunner(cfg, params, RunnerConfig(  # under DP attention: per rank
+        num_slots=b // ranks * ctx + t + 8, max_batch_tokens=t,
+        max_running=b // ranks, max_context=max(ctx, t), kv_dtype=args.dtype,
+        attention_backend=args.attention_backend, dp_ranks=ranks), layout)
     del params
     rng = np.random.default_rng(0)
+    if dpa:  # the B decodes spread over the ranks; the one prefill on rank 0
+        decode = [[RequestSlice(rng.integers(3, cfg.vocab_size, 1).astype(np.int32),
+                                np.arange(1 + i * ctx, 1 + (i + 1) * ctx, dtype=np.int32))
+                   for i in range(b // ranks)] for _ in range(ranks)]
+        prefill = [[RequestSlice(rng.integers(3, cfg.vocab_size, t).astype(np.int32),
+                                 np.arange(1, 1 + t, dtype=np.int32))]] + [[]] * (ranks - 1)
+        return {"layout": f"tp={tp} ep={ep} " + " ".join(tags), **per_device_bytes(runner),
+                "scratch": scratch_bytes(runner, b // ranks),
+                "decode_ms": 1e3 * time_dp_steps(runner, decode, args.steps),
+                "prefill_ms": 1e3 * time_dp_steps(runner, prefill, args.steps),
+                "in_use": (jax.devices()[0].memory_stats() or {}).get("bytes_in_use")}
     decode = [RequestSlice(rng.integers(3, cfg.vocab_size, 1).astype(np.int32),
                            np.arange(1 + i * ctx, 1 + (i + 1) * ctx, dtype=np.int32), row=i)
               for i in range(b)]
     prefill = [RequestSlice(rng.integers(3, cfg.vocab_size, t).astype(np.int32),
                             np.arange(1 + b * ctx, 1 + b * ctx + t, dtype=np.int32))]
-    row = {"layout": f"tp={tp} ep={ep}" + (" a2a" if dispatch == "a2a" else ""),
+    row = {"layout": f"tp={tp} ep={ep}" + "".join(f" {x}" for x in tags),
            **per_device_bytes(runner), "scratch": scratch_bytes(runner, b),
            "decode_ms": 1e3 * time_steps(runner, decode, args.steps),
            "prefill_ms": 1e3 * time_steps(runner, prefill, args.steps)}
@@ -138,10 +181,10 @@ def main() -> None:
         if args.only and args.only != kind:
             continue
         cfg = model_config(args.preset, kind)
-        for tp, ep, *dispatch in layouts:
+        for tp, ep, *dispatch in layouts:  # dispatch: tags "a2a", "dpa"
             if tp > n:
                 continue
-            r = bench(cfg, tp, ep, dispatch[0] if dispatch else "psum", args)
+            r = bench(cfg, tp, ep, tuple(dispatch), args)
             peak = f"{r['in_use'] / 2**20:.0f} MiB" if r["in_use"] else "n/a"
             print(f"| {cfg.model_type} | {r['layout']} | {r['params'] / 2**20:.1f} MiB "
                   f"| {r['kv'] / 2**20:.1f} MiB | {r['scratch'] / 2**20:.1f} MiB "

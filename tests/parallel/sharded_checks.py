@@ -33,7 +33,7 @@ MOE = {"qwen3_moe": ((2, 1), (4, 2), (8, 8)), "mixtral": ((2, 2), (4, 4))}
 # MLA (heads split, latent pool replicated) and shared experts; a third entry: the EP
 # dispatch ("a2a": all-to-all, else psum)
 MLA = {"deepseek_v3": ((2, 1), (4, 4, "a2a")),
-       "deepseek_v2": ((4, 2), (4, 2, "a2a")), "qwen2_moe": ((2, 2, "a2a"),)}
+       "deepseek_v2": ((4, 2, "a2a"),), "qwen2_moe": ((2, 2, "a2a"),)}
 
 
 def layout(tp: int, ep: int = 1, dispatch: str = "psum") -> Layout:
@@ -184,10 +184,11 @@ def engine_outputs(root: Path, fam: str, layouts, in_memory: tuple[int, int]) ->
 
 
 def dp_attention_paths(root: Path) -> dict:
-    """DP attention (tp 2, qwen2) under pressure against one device: 8 concurrent greedy
-    requests over 2 ranks of 4 rows each with a retraction every 2 decode steps; then a
-    step that fails (fault hook) fails its requests, every rank recovers and serves the
-    same outputs again."""
+    """DP attention (4 ranks, qwen2: its 2 KV heads unsplit) under pressure against one
+    device: 8 concurrent greedy requests over 4 ranks of 4 rows each with a retraction
+    every 2 decode steps; then a step that fails (fault hook) fails its requests, every
+    rank recovers and serves the same outputs again. Also: tokens cached per rank, and
+    the pool's shape and per-device shards."""
     from radixjax import Engine, SamplingParams
     from radixjax.engine.scheduler import EngineError
 
@@ -203,10 +204,13 @@ def dp_attention_paths(root: Path) -> dict:
     with Engine(folder, **kw) as e:
         ref = [o.token_ids for o in e.generate(prompts, sp)]
     out: dict = {}
-    with Engine(folder, tp=2, enable_dp_attention=True, retract_every=2, **kw) as e:
+    with Engine(folder, tp=4, enable_dp_attention=True, retract_every=2, **kw) as e:
         out["retract"] = [o.token_ids for o in e.generate(prompts, sp)] == ref
         out["retractions"] = e.stats()["num_retractions"]
         e.check_integrity()
+        out["ranks"] = [s.kvm.tree.total_size() for s in e.scheduler.ranks]
+        pool = e.runner.kv[0]
+        out["pool"] = [list(pool.shape), sorted({x.data.shape for x in pool.addressable_shards})]
         e.inject_fault()
         try:
             e.generate(prompts[:2], sp)
@@ -225,8 +229,7 @@ def main() -> None:
     result: dict = {}
     if part == "dense":
         result["errors"] = check_logits(root, DENSE)
-        result["engine"] = engine_outputs(root, "qwen2", ((1, 1), (4, 1), (4, 1, "dpa")),
-                                          (8, 1))
+        result["engine"] = engine_outputs(root, "qwen2", ((1, 1), (4, 1)), (8, 1))
         result["pallas"] = pallas_and_errors(root)
         result["collectives"] = step_collectives(root, "llama", 2, 1)
         result["dp attention"] = dp_attention_paths(root)
@@ -237,8 +240,7 @@ def main() -> None:
         result["a2a collectives"] = step_collectives(root, "deepseek_v3", 4, 4, "a2a")
         # MLA + shared experts + EP all-to-all through the engine (radix hit, chunks)
         result["engine"] = engine_outputs(
-            root, "deepseek_v3", ((1, 1), (4, 4, "a2a"), (4, 1, "dpa"), (8, 8, "a2a", "dpa")),
-            (2, 2, "dpa"))
+            root, "deepseek_v3", ((1, 1), (4, 4, "a2a"), (8, 8, "a2a", "dpa")), (2, 2, "dpa"))
     print("RESULT " + json.dumps(result))
 
 
