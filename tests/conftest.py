@@ -15,20 +15,6 @@ import pytest  # noqa: E402
 
 from tests.tiny_models import FAMILIES, save_tiny_model  # noqa: E402
 
-# The longest modules (several processes each) first: pytest-xdist's loadfile scheduling
-# hands out modules in collection order, and a long one started last leaves one worker
-# running it alone at the end of the suite.
-LONGEST_FIRST = ("tests/parallel/test_sharding.py", "tests/parallel/test_multihost.py",
-                 "tests/server/test_disaggregation.py", "tests/server/test_router.py")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
-        path = item.nodeid.split("::")[0]
-        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
-
-    items.sort(key=rank)  # stable: every other module keeps its order
-
 
 @pytest.fixture(scope="session", autouse=True)
 def _compile_cache() -> None:

@@ -110,3 +110,22 @@ def save_char_tokenizer(folder: Path) -> Path:
     tok.decoder = decoders.Fuse()
     PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(folder)
     return folder
+
+
+PLAIN_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
+                       "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def save_char_chat_model(src: Path, folder: Path) -> Path:
+    """A copy of the tiny model folder `src` with the one-character tokenizer and a plain
+    chat template: a servable model (text in and out, chat) for server tests."""
+    import json
+
+    folder.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        (folder / name).write_bytes((src / name).read_bytes())
+    save_char_tokenizer(folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {**config, "chat_template": PLAIN_CHAT_TEMPLATE}))
+    return folder

@@ -64,7 +64,7 @@ def test_dense_tp_logits_equal_single_device(dense) -> None:
     from tests.parallel.sharded_checks import DENSE
 
     errors = dense["errors"]
-    assert len(errors) == sum(len(v) for v in DENSE.values()) == 8
+    assert len(errors) == sum(len(v) for v in DENSE.values()) == 6
     assert {int(k.split("tp=")[1].split()[0]) for k in errors} == {2, 4, 8}
     for name, err in errors.items():
         assert err < TOL, name
@@ -80,8 +80,7 @@ def test_pallas_backend_under_tp_and_refused_layouts(dense) -> None:
 def test_moe_tp_ep_logits_equal_single_device(moe) -> None:
     """And MLA (DeepSeek) under TP, shared experts under TP x EP, EP by all-to-all."""
     errors = moe["errors"]
-    assert set(errors) == {"qwen3_moe tp=2 ep=1", "qwen3_moe tp=4 ep=2", "qwen3_moe tp=8 ep=8",
-                           "mixtral tp=2 ep=2", "mixtral tp=4 ep=4",
+    assert set(errors) == {"qwen3_moe tp=4 ep=2", "qwen3_moe tp=8 ep=8", "mixtral tp=4 ep=4",
                            "deepseek_v3 tp=2 ep=1", "deepseek_v3 tp=4 ep=4 a2a",
                            "deepseek_v2 tp=4 ep=2 a2a",
                            "qwen2_moe tp=2 ep=2 a2a"}
@@ -137,7 +136,7 @@ def test_dp_attention_ranks_own_their_requests_and_pool_rows(dense, moe) -> None
     prefixes; with 3 prompts on 8 ranks some stay idle and run padding), and each device
     holds only its rank's rows of the pool (MLA: its latent rows; qwen2: both KV heads)."""
     deepseek = moe["engine"]
-    cases = {"qwen2 tp=4": (dense["dp attention"]["ranks"], dense["dp attention"]["pool"])}
+    cases = {"qwen2 tp=2": (dense["dp attention"]["ranks"], dense["dp attention"]["pool"])}
     for name in ("tp=8 ep=8 a2a dpa", "tp=2 ep=2 dpa"):
         cases[f"deepseek_v3 {name}"] = deepseek[f"{name} ranks"], deepseek[f"{name} pool"]
     for name, (ranks, (shape, shards)) in cases.items():

@@ -31,7 +31,7 @@ from tests.server.conftest import (
     wait_healthy,
     wait_idle,
 )
-from tests.tiny_models import save_char_tokenizer
+from tests.tiny_models import save_char_chat_model
 
 pytest.importorskip("torch")
 
@@ -44,8 +44,6 @@ GREEDY = {"max_new_tokens": 12, "temperature": 0}
 MODEL = "tiny-llama"
 FLAGS = ["--num-slots", "4096", "--max-running", "8", "--context-length", "1024",
          "--max-prefill-tokens", "128", "--chunk-size", "128", "--enable-debug-endpoints"]
-CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}assistant:{% endif %}")
 
 
 def router(prefill: str, decodes: list[str]) -> tuple[subprocess.Popen, str]:
@@ -58,18 +56,8 @@ def router(prefill: str, decodes: list[str]) -> tuple[subprocess.Popen, str]:
 @pytest.fixture(scope="module")
 def model(tiny_model_dir, tmp_path_factory) -> Path:
     """The tiny llama with the one-character tokenizer and a plain chat template."""
-    import json
-
-    folder = tmp_path_factory.mktemp("pd") / MODEL
-    folder.mkdir()
-    src = Path(tiny_model_dir("llama"))
-    for name in ("config.json", "model.safetensors"):
-        (folder / name).write_bytes((src / name).read_bytes())
-    save_char_tokenizer(folder)
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {**config, "chat_template": CHAT_TEMPLATE}))
-    return folder
+    return save_char_chat_model(Path(tiny_model_dir("llama")),
+                                tmp_path_factory.mktemp("pd") / MODEL)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ integrity on every rank."""
 
 from __future__ import annotations
 
-import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,12 +17,12 @@ import pytest
 
 from radixjax import Engine, SamplingParams
 from tests.server.conftest import launch_server, wait_healthy, wait_idle
-from tests.tiny_models import save_char_tokenizer
+from tests.tiny_models import save_char_chat_model
 
 pytest.importorskip("torch")
 
 FLAGS = ["--num-slots", "1024", "--max-running", "8", "--context-length", "256",
-         "--max-prefill-tokens", "64", "--chunk-size", "64", "--enable-debug-endpoints"]
+         "--max-prefill-tokens", "32", "--chunk-size", "32", "--enable-debug-endpoints"]
 SHARED = "System: answer briefly and kindly, in one line. "
 PROMPTS = [SHARED + q for q in ("What is a cat?", "Name a color.", "Say hello.",
                                 "Count to three.")] + ["Why?", "Tell me a long story.",
@@ -34,23 +33,14 @@ MODEL = "tiny-deepseek"  # the folder's name: what the server calls the model
 
 @pytest.fixture(scope="module")
 def model(tiny_model_dir, tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("dpa") / MODEL
-    folder.mkdir()
-    src = Path(tiny_model_dir("deepseek_v3"))
-    for name in ("config.json", "model.safetensors"):
-        (folder / name).write_bytes((src / name).read_bytes())
-    save_char_tokenizer(folder)
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": (
-        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-        "{% if add_generation_prompt %}assistant:{% endif %}")}))
-    return folder
+    return save_char_chat_model(Path(tiny_model_dir("deepseek_v3")),
+                                tmp_path_factory.mktemp("dpa") / MODEL)
 
 
 def one_device_reference(model: Path) -> dict:
     """One device, in process: greedy and seeded (temperature 1) text per prompt."""
     with Engine(model, num_slots=1024, max_running=8, max_context=256,
-                max_prefill_tokens=64, chunk_size=64, warmup=False) as e:
+                max_prefill_tokens=32, chunk_size=32, warmup=False) as e:
         greedy = SamplingParams(max_new_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
         out = {"greedy": [o.text for o in e.generate(PROMPTS, greedy)]}
         out["seeded"] = [e.generate(p, SamplingParams(max_new_tokens=MAX_TOKENS, seed=i,

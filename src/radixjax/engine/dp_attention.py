@@ -20,7 +20,7 @@ from typing import Any
 
 from radixjax.engine.config import EngineConfig
 from radixjax.engine.request import Req, ReqState
-from radixjax.engine.scheduler import InFlight, Scheduler, _fetch
+from radixjax.engine.scheduler import InFlight, Scheduler, _fetch, supervise
 from radixjax.engine.stats import EngineStats
 from radixjax.runtime.batch import Buckets
 from radixjax.runtime.dp_batch import RankStep, merge_rank_steps, rank_rows
@@ -114,19 +114,11 @@ class DPAttentionScheduler:
 
     async def run_forever(self) -> None:
         self._wakeup = asyncio.Event()
-        while True:
-            if not self.has_work:
-                self._wakeup.clear()
-                await self._wakeup.wait()
-            try:
-                await self.run_once()
-            except Exception as e:  # noqa: BLE001 (supervision, as Scheduler.run_forever)
-                try:
-                    self.recover(e)
-                except Exception:  # noqa: BLE001
-                    log.exception("recovery failed: the engine stays unhealthy")
-                    for s in self.ranks:
-                        s.in_flight, s.running, s.waiting = None, [], []
+        await supervise(self, self._wakeup)
+
+    def drop_all(self) -> None:
+        for s in self.ranks:
+            s.drop_all()
 
     async def run_once(self) -> None:
         """One lockstep step of every rank (a no-op when no rank can schedule)."""

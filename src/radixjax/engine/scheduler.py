@@ -227,18 +227,11 @@ class Scheduler:
         """Steps while there is work. A step that raises fails the requests the engine
         holds and the engine starts over (recover); it never ends the loop silently."""
         self._wakeup = asyncio.Event()
-        while True:
-            if not self.has_work:
-                self._wakeup.clear()
-                await self._wakeup.wait()
-            try:
-                await self.run_once()
-            except Exception as e:  # noqa: BLE001 (supervision: any failure of a step)
-                try:
-                    self.recover(e)
-                except Exception:  # noqa: BLE001
-                    log.exception("recovery failed: the engine stays unhealthy")
-                    self.in_flight, self.running, self.waiting = None, [], []
+        await supervise(self, self._wakeup)
+
+    def drop_all(self) -> None:
+        """After a failed recovery: hold nothing (the engine stays unhealthy)."""
+        self.in_flight, self.running, self.waiting = None, [], []
 
     def recover(self, error: BaseException) -> None:
         """Fail every request the engine holds (finish_reason "error", `Req.error` set),
@@ -598,6 +591,23 @@ class Scheduler:
         self.kvm.check_integrity()
         self.rows.check_integrity()
         assert self.rows.num_free == self.cfg.max_running - len(self.running)
+
+
+async def supervise(scheduler: Any, wakeup: asyncio.Event) -> None:
+    """The loop of a scheduler (Scheduler, DPAttentionScheduler): wait for work, step,
+    and on any failure of a step recover (or, if that fails too, drop everything)."""
+    while True:
+        if not scheduler.has_work:
+            wakeup.clear()
+            await wakeup.wait()
+        try:
+            await scheduler.run_once()
+        except Exception as e:  # noqa: BLE001 (supervision: any failure of a step)
+            try:
+                scheduler.recover(e)
+            except Exception:  # noqa: BLE001
+                log.exception("recovery failed: the engine stays unhealthy")
+                scheduler.drop_all()
 
 
 def _fetch(out: StepOutput, opts: StepOptions) -> tuple:
