@@ -98,6 +98,18 @@ def test_a_near_tie_between_logits_does_not_change_the_sample(probs) -> None:
         assert (x == y).all(), int((x != y).sum())
 
 
+def test_a_row_samples_the_same_whether_or_not_a_batch_mate_truncates(probs) -> None:
+    """The vocabulary is sorted only when some row needs top-k / top-p / min-p; a row that
+    needs none draws the same token either way (its batch-mates do not matter)."""
+    logits = jnp.asarray(np.log(probs), jnp.float32)[None].repeat(ROWS, 0)
+    plain = [SamplingParams(temperature=1.0)] * ROWS
+    mixed = plain[:-1] + [SamplingParams(temperature=1.0, top_k=3)]
+    pos = jnp.zeros(ROWS, jnp.int32)
+    got = [np.asarray(_run(logits, SamplingArrays.build(ps, list(range(ROWS)), ROWS),
+                           pos).tokens)[:-1] for ps in (plain, mixed)]
+    assert (got[0] == got[1]).all()
+
+
 def test_logprobs_are_the_model_log_softmax(probs) -> None:
     logits = jnp.asarray(np.log(probs), jnp.float32)[None].repeat(3, 0)
     sp = SamplingArrays.build([SamplingParams(temperature=1.0)] * 3, [1, 2, 3], 3)

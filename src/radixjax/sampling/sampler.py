@@ -30,6 +30,21 @@ class StepFlags(NamedTuple):
     prompt_logprobs: jax.Array
 
 
+def _kept(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array,
+          min_p: jax.Array) -> jax.Array:
+    """[V] bool: the tokens top-k / top-p / min-p keep. Each keeps a prefix of the tokens
+    sorted by logit, so together they keep every token at or above one cutoff logit
+    (decided by value: a near-tie's order cannot matter)."""
+    vocab = scaled.shape[0]
+    sorted_logits = jnp.sort(scaled)[::-1]  # most likely first (values only)
+    probs = jax.nn.softmax(sorted_logits)
+    keep = jnp.arange(vocab) < jnp.where(top_k > 0, top_k, vocab)
+    keep &= (jnp.cumsum(probs) - probs) < top_p  # mass strictly before this token
+    keep &= probs >= min_p * probs[0]
+    cutoff = sorted_logits[jnp.maximum(jnp.sum(keep), 1) - 1]
+    return scaled >= cutoff
+
+
 def _sample_row(
     logits: jax.Array,  # [V] f32
     temperature: jax.Array,
@@ -37,22 +52,15 @@ def _sample_row(
     top_p: jax.Array,
     min_p: jax.Array,
     key: jax.Array,
+    truncate: jax.Array,  # [] bool: some row of the step truncates (else skip the sort)
 ) -> jax.Array:
-    vocab = logits.shape[0]
     scaled = logits / jnp.maximum(temperature, 1e-6)
-    order = jnp.argsort(-scaled)  # [V], most likely first
-    sorted_logits = scaled[order]
-    probs = jax.nn.softmax(sorted_logits)
-    rank = jnp.arange(vocab)
-    keep = rank < jnp.where(top_k > 0, top_k, vocab)
-    keep &= (jnp.cumsum(probs) - probs) < top_p  # mass strictly before this token
-    keep &= probs >= min_p * probs[0]
-    keep = keep.at[0].set(True)
     # The draw is over the vocabulary in token order, so each token meets the same noise
-    # whatever the sort did: two logits within float error of each other (their order
-    # may differ between batches) would otherwise swap noises and change the sample.
-    keep = jnp.zeros(vocab, bool).at[order].set(keep)
-    sampled = jax.random.categorical(key, jnp.where(keep, scaled, -jnp.inf))
+    # whatever its rank: a row samples the same token whether or not the sort ran.
+    scaled = jax.lax.cond(
+        truncate, lambda x: jnp.where(_kept(x, top_k, top_p, min_p), x, -jnp.inf),
+        lambda x: x, scaled)
+    sampled = jax.random.categorical(key, scaled)
     return jnp.where(temperature > 0.0, sampled, jnp.argmax(logits)).astype(jnp.int32)
 
 
@@ -68,8 +76,10 @@ def sample(
         keys = jax.vmap(lambda s, p: jax.random.fold_in(jax.random.key(s), p))(
             sp.seed, positions
         )
-        return jax.vmap(_sample_row)(logits, sp.temperature, sp.top_k, sp.top_p, sp.min_p,
-                                     keys)
+        # OpenAI's defaults (temperature 1, top_p 1) need no sort of the vocabulary
+        truncate = jnp.any(sp.top_k > 0) | jnp.any(sp.top_p < 1.0) | jnp.any(sp.min_p > 0.0)
+        return jax.vmap(_sample_row, in_axes=(0, 0, 0, 0, 0, 0, None))(
+            logits, sp.temperature, sp.top_k, sp.top_p, sp.min_p, keys, truncate)
 
     def greedy(logits: jax.Array) -> jax.Array:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
