@@ -7,7 +7,7 @@ from dataclasses import dataclass
 POLICIES = ("lpm", "dfs-weight", "fcfs")
 DISAGGREGATION_MODES = ("null", "prefill", "decode")  # SGLang's names
 ATTENTION_BACKENDS = ("auto", "native", "pallas")  # resolved by model.attention
-MOE_DISPATCH = ("psum", "all_to_all")  # parallel.rules.Layout.moe_dispatch
+MOE_DISPATCH = ("psum", "all_to_all")  # EP forms: parallel.rules.Layout.moe_dispatch
 
 
 class EngineConfigError(ValueError):

@@ -29,12 +29,12 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from radixjax.engine.config import MOE_DISPATCH  # the engine option's one list (jax-free)
 from radixjax.parallel.mesh import EXPERT_AXIS, TENSOR_AXIS, MeshConfig, make_mesh
 
 Rules = tuple[tuple[str, tuple[str, ...]], ...]
 
 TP_AXES = (EXPERT_AXIS, TENSOR_AXIS)
-MOE_DISPATCH = ("psum", "all_to_all")
 DEFAULT_RULES: Rules = (
     ("q_heads", TP_AXES),
     ("kv_heads", TP_AXES),

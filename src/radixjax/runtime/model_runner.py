@@ -78,6 +78,11 @@ class RunnerConfig:
         resolve_backend_name(self.attention_backend)
 
     @property
+    def pool_slots(self) -> int:
+        """Slots of the device pool per layer: num_slots for each DP rank."""
+        return self.num_slots * self.dp_ranks
+
+    @property
     def buckets(self) -> Buckets:
         return Buckets.default(self.max_batch_tokens, self.max_running, self.dp_ranks)
 
@@ -227,7 +232,7 @@ class ModelRunner:
         if layout is not None:
             params = shard_params(cfg, params, layout)
             inputs = layout.replicated  # where step inputs go
-            pool_sharding = kv_sharding(layout, self.run_cfg, config.num_slots * config.dp_ranks)
+            pool_sharding = kv_sharding(layout, self.run_cfg, config.pool_slots)
         elif device is not None:
             inputs = pool_sharding = jax.sharding.SingleDeviceSharding(device)
             params = jax.device_put(params, inputs)
@@ -256,7 +261,7 @@ class ModelRunner:
         penalty counts (start-up, and recovery after a failed step, which may have
         consumed its donated buffers)."""
         config = self.config
-        self.kv: KVPool = init_kv_pool(self.run_cfg, config.num_slots * config.dp_ranks,
+        self.kv: KVPool = init_kv_pool(self.run_cfg, config.pool_slots,
                                        self.pool_dtype, self._pool_sharding)
         rows = config.num_rows
         # req_to_token on the device ([rows, table_width] int32): each step writes its new
