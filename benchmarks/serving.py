@@ -112,12 +112,13 @@ def build_workload(args: argparse.Namespace, tok: wl.Tokenizer, seed: int) -> wl
 
 def load_tokenizer(path: str | None) -> Any:
     from radixjax.loaders import default_model_path
-    from radixjax.loaders.gguf_file import is_gguf_file, open_gguf
+    from radixjax.loaders.gguf_file import is_gguf_file
+    from radixjax.loaders.gguf_reader import read_gguf
     from radixjax.loaders.tokenizer import load_hf_tokenizer, tokenizer_from_gguf_metadata
 
     p = Path(path) if path else default_model_path()
     if is_gguf_file(p):
-        return tokenizer_from_gguf_metadata(open_gguf(p)[1])
+        return tokenizer_from_gguf_metadata(read_gguf(p).metadata)
     tok = load_hf_tokenizer(p)
     if tok is None:
         raise SystemExit(f"no tokenizer in {p}")

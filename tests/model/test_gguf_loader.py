@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from radixjax.loaders import ModelNotFoundError, load_model
+from radixjax.loaders import ModelNotFoundError, default_model_path, load_model
 from radixjax.loaders.gguf_file import unpermute_rope_rows
+from radixjax.loaders.gguf_reader import read_gguf
 from radixjax.model.config import UnsupportedModelError
 from radixjax.runtime.batch import RequestSlice, build_batch
 from tests.model.harness import rel_err, tiny_runner
@@ -114,3 +115,44 @@ def test_bad_model_paths_raise(tmp_path) -> None:
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
     with pytest.raises(UnsupportedModelError):
         load_model(tmp_path)
+
+
+def assert_reads_like_gguf_package(path: Path) -> None:
+    """read_gguf gives what gguf.GGUFReader (the reference, ~50x slower) gives: every
+    metadata value and every tensor's type, shape and bytes."""
+    ours, ref = read_gguf(path), gguf.GGUFReader(str(path))
+    expected = {k: f.contents() for k, f in ref.fields.items() if not k.startswith("GGUF.")}
+    assert ours.metadata == expected
+    assert [t.name for t in ours.tensors] == [t.name for t in ref.tensors]
+    for a, b in zip(ours.tensors, ref.tensors, strict=True):
+        assert a.tensor_type == b.tensor_type and a.data.dtype == b.data.dtype, a.name
+        np.testing.assert_array_equal(a.data, b.data, err_msg=a.name)
+
+
+def test_reader_matches_the_gguf_package(tmp_path) -> None:
+    """Every metadata value type (scalars, bool, strings, arrays of numbers and of
+    strings), a float32, a float16 and a Q8_0 tensor."""
+    w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    w.add_uint32("t.u32", 7)
+    w.add_int64("t.i64", -3)
+    w.add_float32("t.f32", 0.1)
+    w.add_bool("t.bool", True)
+    w.add_string("t.str", "naïve — 日本")
+    w.add_array("t.ints", [1, 2, 3])
+    w.add_array("t.floats", [0.5, -1.25])
+    w.add_token_list(["a", "ü", "<|im_end|>", ""])
+    rng = np.random.default_rng(0)
+    w.add_tensor("f32", rng.normal(size=(3, 5)).astype(np.float32))
+    w.add_tensor("f16", rng.normal(size=(4, 2)).astype(np.float16))
+    q = rng.normal(size=(2, 64)).astype(np.float32)
+    w.add_tensor("q8", gguf.quants.quantize(q, gguf.GGMLQuantizationType.Q8_0),
+                 raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert_reads_like_gguf_package(tmp_path / "t.gguf")
+
+
+def test_reader_matches_the_gguf_package_on_the_default_model() -> None:
+    assert_reads_like_gguf_package(default_model_path())

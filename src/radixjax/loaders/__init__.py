@@ -10,7 +10,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from radixjax.loaders.gguf_file import is_gguf_file, load_gguf_config, load_gguf_params, open_gguf
+from radixjax.loaders.gguf_file import is_gguf_file, load_gguf_config, load_gguf_params
+from radixjax.loaders.gguf_reader import read_gguf
 from radixjax.loaders.hf import is_hf_folder, load_hf_config, load_hf_params
 from radixjax.loaders.tokenizer import load_hf_tokenizer, tokenizer_from_gguf_metadata
 from radixjax.model.config import ModelConfig
@@ -58,10 +59,10 @@ def load_model(path: str | Path | None = None, dtype: Any = "float32",
         placer = placer_for(cfg) if placer_for is not None else None
         return LoadedModel(cfg, load_hf_params(p, cfg, jdtype, placer), tok, str(p))
     if is_gguf_file(p):
-        reader, md = open_gguf(p)
-        cfg = load_gguf_config(reader, md)
+        gf = read_gguf(p)
+        cfg = load_gguf_config(gf)
         placer = placer_for(cfg) if placer_for is not None else None
-        params = load_gguf_params(reader, cfg, md["general.architecture"], jdtype, placer)
-        tok = tokenizer_from_gguf_metadata(md) if load_tokenizer else None
+        params = load_gguf_params(gf, cfg, gf.metadata["general.architecture"], jdtype, placer)
+        tok = tokenizer_from_gguf_metadata(gf.metadata) if load_tokenizer else None
         return LoadedModel(cfg, params, tok, str(p))
     raise ModelNotFoundError(f"{p}: not an HF model folder (config.json) nor a .gguf file")

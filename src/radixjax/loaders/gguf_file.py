@@ -1,5 +1,5 @@
-"""Load a GGUF file with the `gguf` package: metadata -> ModelConfig, tensors dequantized
-to float32.
+"""Load a GGUF file (read by loaders/gguf_reader.py): metadata -> ModelConfig, tensors
+dequantized to float32 by the `gguf` package.
 
 llama.cpp's converter permutes the rows of Q and K for the `llama` architecture (it
 uses interleaved RoPE pairs); we undo that so one RoPE (HF's rotate-half) serves both
@@ -14,6 +14,7 @@ from typing import Any
 import gguf
 import numpy as np
 
+from radixjax.loaders.gguf_reader import GGUFFile
 from radixjax.model.config import ModelConfig
 from radixjax.model.params import Params, Placer, params_from_numpy
 
@@ -45,23 +46,8 @@ def is_gguf_file(path: Path) -> bool:
     return path.is_file() and path.suffix == ".gguf"
 
 
-def field_value(field: Any) -> Any:
-    """A GGUF metadata value as Python (strings decoded, 1-element arrays unwrapped)."""
-    if field.types and field.types[0] == gguf.GGUFValueType.ARRAY:
-        if field.types[-1] == gguf.GGUFValueType.STRING:
-            return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
-        return [field.parts[i].tolist()[0] for i in field.data]
-    if field.types and field.types[0] == gguf.GGUFValueType.STRING:
-        return bytes(field.parts[field.data[0]]).decode("utf-8")
-    return field.parts[field.data[0]].tolist()[0]
-
-
-def read_metadata(reader: gguf.GGUFReader) -> dict[str, Any]:
-    return {name: field_value(f) for name, f in reader.fields.items()}
-
-
-def load_gguf_config(reader: gguf.GGUFReader, md: dict[str, Any]) -> ModelConfig:
-    return ModelConfig.from_gguf(md, {t.name for t in reader.tensors})
+def load_gguf_config(gf: GGUFFile) -> ModelConfig:
+    return ModelConfig.from_gguf(gf.metadata, {t.name for t in gf.tensors})
 
 
 def unpermute_rope_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
@@ -71,11 +57,11 @@ def unpermute_rope_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     return w.swapaxes(1, 2).reshape(out_dim, *w.shape[3:])
 
 
-def load_gguf_params(reader: gguf.GGUFReader, cfg: ModelConfig, arch: str, dtype: Any,
+def load_gguf_params(gf: GGUFFile, cfg: ModelConfig, arch: str, dtype: Any,
                      placer: Placer | None = None) -> Params:
     top: dict[str, np.ndarray] = {}
     layers: list[dict[str, np.ndarray]] = [{} for _ in range(cfg.num_layers)]
-    for t in reader.tensors:
+    for t in gf.tensors:
         if t.name.startswith("blk."):
             _, idx, rest = t.name.split(".", 2)
             if rest not in _LAYER_NAMES:
@@ -94,8 +80,3 @@ def load_gguf_params(reader: gguf.GGUFReader, cfg: ModelConfig, arch: str, dtype
             w = unpermute_rope_rows(w, cfg.num_kv_heads)
         dest[ours] = w.T if transpose else w
     return params_from_numpy(cfg, top, layers, dtype, placer)
-
-
-def open_gguf(path: Path) -> tuple[gguf.GGUFReader, dict[str, Any]]:
-    reader = gguf.GGUFReader(str(path))
-    return reader, read_metadata(reader)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -16,6 +16,9 @@ def load_hf_tokenizer(path: Path) -> PreTrainedTokenizerBase | None:
     """The folder's tokenizer, or None when it ships none (then prompts are token ids)."""
     if not any((path / f).exists() for f in TOKENIZER_FILES):
         return None
+    # imported here: AutoTokenizer's import pulls in torch when it is installed (~3 s)
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(str(path))
 
 
