@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from radixjax.loaders import load_model
-from radixjax.runtime.batch import RequestSlice, build_batch
+from radixjax.runtime.batch import Buckets, RequestSlice, build_batch
 from tests.model.harness import ScatteredSlots, rel_err, tiny_runner
 from tests.tiny_models import FAMILIES
 
@@ -16,6 +16,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 TOL = 1e-4
+# Every step below (prefill, decodes, extend) padded to one 64-token bucket: one compiled
+# program per model instead of one per size.
+ONE_BUCKET = Buckets(tokens=(64,), max_reqs=4)
 
 
 def hf_logits(model, ids: list[int]) -> np.ndarray:
@@ -39,7 +42,7 @@ def test_logits_match_hf(family: str, tiny_model_dir) -> None:
     rows = [slots.take(len(s) + 8) for s in seqs]
     batch = build_batch(
         [RequestSlice(np.array(s, np.int32), r[: len(s)]) for s, r in zip(seqs, rows, strict=True)],
-        runner.buckets,
+        ONE_BUCKET,
     )
     ours = runner.all_logits(batch)
     ref = np.concatenate([hf_logits(hf, s) for s in seqs])
@@ -54,7 +57,7 @@ def test_logits_match_hf(family: str, tiny_model_dir) -> None:
                 RequestSlice(np.array([t], np.int32), r[: len(s) + 1])
                 for s, r, t in zip(seqs, rows, new, strict=True)
             ],
-            runner.buckets,
+            ONE_BUCKET,
         )
         ours = runner.all_logits(batch)
         for s, t in zip(seqs, new, strict=True):
@@ -66,7 +69,7 @@ def test_logits_match_hf(family: str, tiny_model_dir) -> None:
     prefix_len = 9
     new_tokens = list(rng.integers(3, m.cfg.vocab_size, 7))
     row = np.concatenate([rows[1][:prefix_len], slots.take(7)])
-    batch = build_batch([RequestSlice(np.array(new_tokens, np.int32), row)], runner.buckets)
+    batch = build_batch([RequestSlice(np.array(new_tokens, np.int32), row)], ONE_BUCKET)
     ours = runner.all_logits(batch)
     ref = hf_logits(hf, seqs[1][:prefix_len] + new_tokens)[prefix_len:]
     assert rel_err(ours, ref) < TOL
@@ -81,7 +84,7 @@ def test_bfloat16_weights_stay_close_to_float32(tiny_model_dir) -> None:
     out = []
     for m in (f32, bf16):
         runner = tiny_runner(m.cfg, m.params)
-        batch = build_batch([RequestSlice(ids, np.arange(1, 21, dtype=np.int32))], runner.buckets)
+        batch = build_batch([RequestSlice(ids, np.arange(1, 21, dtype=np.int32))], ONE_BUCKET)
         out.append(runner.all_logits(batch))
     err = rel_err(out[1], out[0])
     assert 1e-5 < err < 5e-2  # really rounded, and still close
@@ -102,11 +105,11 @@ def test_mla_absorbed_decode_equals_expanded(tiny_model_dir) -> None:
     slots = ScatteredSlots(512, seed=2)
     rows = [slots.take(len(s) + 4) for s in seqs]
     batches = [build_batch([RequestSlice(np.array(s, np.int32), r[: len(s)])
-                            for s, r in zip(seqs, rows, strict=True)], runners[0].buckets)]
+                            for s, r in zip(seqs, rows, strict=True)], ONE_BUCKET)]
     for step in range(4):
         batches.append(build_batch(
             [RequestSlice(np.array([int(rng.integers(3, 200))], np.int32), r[: len(s) + step + 1])
-             for s, r in zip(seqs, rows, strict=True)], runners[0].buckets))
+             for s, r in zip(seqs, rows, strict=True)], ONE_BUCKET))
     for batch in batches:
         absorbed, expanded = (r.all_logits(batch) for r in runners)
         assert rel_err(absorbed, expanded) < 1e-5
