@@ -1,6 +1,6 @@
 """Tokenizers without torch: an HF folder's tokenizer files, or one rebuilt from GGUF
 metadata with transformers' own GGUF-to-tokenizers converter (its file reader imports
-torch, so we read the metadata with the `gguf` package and hand it over)."""
+torch, so we read the metadata ourselves, loaders/gguf_reader.py, and hand it over)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,24 @@ def load_hf_tokenizer(path: Path) -> PreTrainedTokenizerBase | None:
     """The folder's tokenizer, or None when it ships none (then prompts are token ids)."""
     if not any((path / f).exists() for f in TOKENIZER_FILES):
         return None
+    if _generic_fast_tokenizer(path):
+        return PreTrainedTokenizerFast.from_pretrained(str(path))
     # imported here: AutoTokenizer's import pulls in torch when it is installed (~3 s)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path))
+
+
+def _generic_fast_tokenizer(path: Path) -> bool:
+    """The folder names transformers' generic fast tokenizer (no model-specific class):
+    loaded without AutoTokenizer, which would import torch when it is installed."""
+    import json
+
+    config = path / "tokenizer_config.json"
+    if not (path / "tokenizer.json").exists() or not config.exists():
+        return False
+    name = json.loads(config.read_text()).get("tokenizer_class")
+    return name in ("PreTrainedTokenizerFast", "TokenizersBackend")
 
 
 def tokenizer_from_gguf_metadata(md: dict[str, Any]) -> PreTrainedTokenizerFast:
