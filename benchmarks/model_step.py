@@ -1,8 +1,10 @@
 """Model step speed on the default model (SmolLM2-135M): decode step time at batch
 1/8/32/64 (context 512) and prefill tokens/s at 512 and 2048 tokens, float32 vs bfloat16
-weights, next to the memory-bandwidth floor (weight bytes / measured read bandwidth).
+weights (or, with --unroll, float32 with the layers scanned vs unrolled in the decode
+steps, `--unroll-max-tokens 64`, and the compile time of each step program), next to the
+memory-bandwidth floor (weight bytes / measured read bandwidth).
 
-    .venv/bin/python benchmarks/model_step.py [--steps 20]
+    .venv/bin/python benchmarks/model_step.py [--steps 20] [--unroll]
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ import numpy as np
 from radixjax.loaders import load_model
 from radixjax.model.params import num_param_bytes
 from radixjax.runtime.batch import RequestSlice, build_batch
-from radixjax.runtime.compile_cache import enable_persistent_cache
 from radixjax.runtime.model_runner import ModelRunner, RunnerConfig, StepOptions
 from radixjax.sampling.params import SamplingArrays, SamplingParams
 
 CONTEXT = 512
+UNROLL_MAX_TOKENS = 64  # --unroll: the decode steps (B <= 64) unrolled, prefill scanned
 
 
 def read_bandwidth(num_bytes: int = 1 << 29, reps: int = 5) -> float:
@@ -36,15 +38,19 @@ def read_bandwidth(num_bytes: int = 1 << 29, reps: int = 5) -> float:
     return num_bytes * reps / (time.perf_counter() - t)
 
 
-def time_steps(runner: ModelRunner, reqs: list[RequestSlice], steps: int) -> float:
+def time_steps(runner: ModelRunner, reqs: list[RequestSlice], steps: int,
+               compiles: list[float] | None = None) -> float:
     """Median seconds per step of the same batch. The first (untimed) call compiles and
     uploads the requests' req_to_token rows; the timed ones reuse them, as a scheduler's
-    decode steps do."""
+    decode steps do. compiles: gets the first call's seconds (compile + one step)."""
     reqs = [r._replace(row=i, sync_row=True) for i, r in enumerate(reqs)]
     batch = build_batch(reqs, runner.buckets)
     sp = SamplingArrays.build([SamplingParams(temperature=0)] * len(reqs),
                               [0] * len(reqs), batch.shape.num_reqs)
+    t = time.perf_counter()
     runner.step(batch, sp, StepOptions()).tokens.block_until_ready()  # compile
+    if compiles is not None:
+        compiles.append(time.perf_counter() - t)
     batch = build_batch([r._replace(sync_row=False) for r in reqs], runner.buckets)
     times = []
     for _ in range(steps):
@@ -54,57 +60,67 @@ def time_steps(runner: ModelRunner, reqs: list[RequestSlice], steps: int) -> flo
     return float(np.median(times))
 
 
-def bench_dtype(dtype: str, steps: int) -> dict[str, float]:
+def bench(dtype: str, steps: int, unroll: bool = False) -> dict[str, float]:
     m = load_model(None, dtype=dtype, load_tokenizer=False)
     rng = np.random.default_rng(0)
     runner = ModelRunner(m.cfg, m.params, RunnerConfig(
         num_slots=64 * CONTEXT + 1, max_batch_tokens=2048, max_running=64,
-        max_context=2048, kv_dtype=dtype))
+        max_context=2048, kv_dtype=dtype, unroll_max_tokens=UNROLL_MAX_TOKENS if unroll else 0))
     out: dict[str, float] = {"weight_bytes": num_param_bytes(m.params)}
+    compiles: list[float] = []
     for b in (1, 8, 32, 64):
         reqs = [
             RequestSlice(rng.integers(0, m.cfg.vocab_size, 1).astype(np.int32),
                          (1 + i * CONTEXT + np.arange(CONTEXT)).astype(np.int32))
             for i in range(b)
         ]
-        out[f"decode_b{b}"] = time_steps(runner, reqs, steps)
+        out[f"decode_b{b}"] = time_steps(runner, reqs, steps, compiles)
     for n in (512, 2048):
         reqs = [RequestSlice(rng.integers(0, m.cfg.vocab_size, n).astype(np.int32),
                              np.arange(1, n + 1, dtype=np.int32))]
-        out[f"prefill_{n}"] = time_steps(runner, reqs, max(3, steps // 5))
+        out[f"prefill_{n}"] = time_steps(runner, reqs, max(3, steps // 5), compiles)
+    out["compile"] = float(np.median(compiles))
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--unroll", action="store_true",
+                    help="float32, layers scanned vs unrolled (instead of f32 vs bf16)")
     args = ap.parse_args()
-    enable_persistent_cache()
+    # no persistent compile cache: the compile time of each program is measured
     bw = read_bandwidth()
-    # bf16 is far slower on this CPU; fewer timed steps keep the run short.
-    res = {"float32": bench_dtype("float32", args.steps),
-           "bfloat16": bench_dtype("bfloat16", max(3, args.steps // 4))}
+    if args.unroll:
+        names = ("scanned", "unrolled")
+        res = {"scanned": bench("float32", args.steps),
+               "unrolled": bench("float32", args.steps, unroll=True)}
+    else:  # bf16 is far slower on this CPU; fewer timed steps keep the run short.
+        names = ("float32", "bfloat16")
+        res = {"float32": bench("float32", args.steps),
+               "bfloat16": bench("bfloat16", max(3, args.steps // 4))}
     print(f"read bandwidth: {bw / 1e9:.1f} GB/s; jax {jax.__version__}, "
           f"{jax.devices()[0].device_kind}")
     print()
-    print("| measure | float32 | bfloat16 | bf16/f32 |")
+    a, z = (res[n] for n in names)
+    print(f"| measure | {names[0]} | {names[1]} | {names[1]} / {names[0]} |")
     print("|---|---|---|---|")
-    for d in ("float32", "bfloat16"):
-        floor = res[d]["weight_bytes"] / bw
-        res[d]["floor"] = floor
-    print(f"| weight bytes | {res['float32']['weight_bytes'] / 1e6:.0f} MB | "
-          f"{res['bfloat16']['weight_bytes'] / 1e6:.0f} MB | |")
-    print(f"| bandwidth floor per step | {res['float32']['floor'] * 1e3:.1f} ms | "
-          f"{res['bfloat16']['floor'] * 1e3:.1f} ms | |")
+    for r in (a, z):
+        r["floor"] = r["weight_bytes"] / bw
+    print(f"| weight bytes | {a['weight_bytes'] / 1e6:.0f} MB | "
+          f"{z['weight_bytes'] / 1e6:.0f} MB | |")
+    print(f"| bandwidth floor per step | {a['floor'] * 1e3:.1f} ms | "
+          f"{z['floor'] * 1e3:.1f} ms | |")
     for b in (1, 8, 32, 64):
-        f, h = res["float32"][f"decode_b{b}"], res["bfloat16"][f"decode_b{b}"]
-        ff, hf = f / res["float32"]["floor"], h / res["bfloat16"]["floor"]
+        f, h = a[f"decode_b{b}"], z[f"decode_b{b}"]
         print(f"| decode b={b} ctx={CONTEXT}: ms/step (x floor), tok/s | "
-              f"{f * 1e3:.1f} ({ff:.1f}x), {b / f:.0f} | {h * 1e3:.1f} ({hf:.1f}x), {b / h:.0f} "
-              f"| {h / f:.2f} |")
+              f"{f * 1e3:.1f} ({f / a['floor']:.1f}x), {b / f:.0f} | "
+              f"{h * 1e3:.1f} ({h / z['floor']:.1f}x), {b / h:.0f} | {h / f:.2f} |")
     for n in (512, 2048):
-        f, h = res["float32"][f"prefill_{n}"], res["bfloat16"][f"prefill_{n}"]
+        f, h = a[f"prefill_{n}"], z[f"prefill_{n}"]
         print(f"| prefill {n} tokens: tok/s | {n / f:.0f} | {n / h:.0f} | {f / h:.2f} |")
+    print(f"| compile + first step, median per program: s | {a['compile']:.1f} | "
+          f"{z['compile']:.1f} | {z['compile'] / a['compile']:.2f} |")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,10 @@ class EngineConfig:
     enable_jump_forward: bool = True  # grammar-forced tokens in one extend (see docs)
     retract_every: int = 0  # test hook: force one retraction every N decode steps
     dtype: str = "float32"
+    # step programs of at most this many tokens run the layers unrolled (not scanned):
+    # faster small-batch decode on the CPU for ~4x their compile time and a second copy
+    # of the layer weights (RunnerConfig.unroll_max_tokens, benchmarks/README.md)
+    unroll_max_tokens: int = 0
     attention_backend: str = "auto"  # "native" | "pallas" | "auto": pallas on a GPU
     seed: int = 0  # seeds for requests that give none derive from it
     tp: int = 1  # tensor-parallel devices (0: every visible device); docs/sharding.md

@@ -8,6 +8,11 @@ XLA's compile time follows the code: SmolLM2's forward compiled in ~8 s unrolled
 
     checkpoint params["layers"]: [{name: [...]}] * L       (loaders, sharding rules)
     stacked params["groups"]:    [{name: [n, ...]}] * G    (what `forward` runs)
+
+`forward` also runs checkpoint-shaped params, layer by layer (RunnerConfig.unroll_max_tokens):
+on the CPU the scan hands each layer a dynamic slice of the stacked weights, which XLA
+copies before every dot, so the unrolled form decodes faster at small batches (SmolLM2
+B = 1: 60 -> 35 ms) for ~5x the compile time (benchmarks/README.md, matmul.py).
 """
 
 from __future__ import annotations

@@ -122,8 +122,9 @@ def _decoder_layer(
     cos: jax.Array, sin: jax.Array, cfg: ModelConfig, backend: AttentionBackend,
     layout: Layout | None, kind: int, mla_absorb: bool = True,
 ) -> tuple[jax.Array, KVPool]:
-    """One decoder layer (md.layer_base says which); `kind` is the first layer of its
-    group (layer_stack.py): what the layer's code depends on besides its weights."""
+    """One decoder layer (md.layer_base says which); `kind` is a layer of its kind (the
+    first of its group when scanned, layer_stack.py): what the layer's code depends on
+    besides its weights."""
     replicate = (lambda a: a) if layout is None else (
         lambda a: jax.lax.with_sharding_constraint(a, layout.replicated))
     if cfg.mla is not None:
@@ -147,8 +148,9 @@ def forward_hidden(
     layout: Layout | None = None,
     mla_absorb: bool = True,
 ) -> tuple[jax.Array, KVPool]:
-    """params: stacked (layer_stack.stack_layers); the layers of each group run in one
-    lax.scan. Returns (the final-normed hidden state of every token [T, D], new kv pool).
+    """params: stacked (layer_stack.stack_layers): the layers of each group run in one
+    lax.scan; or checkpoint-shaped (params["layers"]): the layers unrolled, one by one.
+    Returns (the final-normed hidden state of every token [T, D], new kv pool).
     layout: run sharded (cfg must then be parallel.sharded_config(...) of the model).
     mla_absorb=False: MLA decodes expanded too (the reference for the absorbed form)."""
     if layout is not None and layout.dp_attention:
@@ -158,6 +160,12 @@ def forward_hidden(
     x = _embed(params, input_ids, cfg, layout)  # [T, D]
     cos, sin = rope_cos_sin(md.positions, rope_inv_freq(cfg), rope_attention_factor(cfg))
     num_slots = kv[0].shape[0] // cfg.num_layers
+    if "layers" in params:  # unrolled: each layer's weights are arrays of their own
+        for i, lp in enumerate(params["layers"]):
+            md_i = md._replace(layer_base=jnp.int32(i * num_slots))
+            x, kv = _decoder_layer(lp, x, kv, md_i, cos, sin, cfg, backend, layout, i,
+                                   mla_absorb)
+        return rms_norm(x, params["final_norm"], cfg.rms_norm_eps), kv
     for group, weights in zip(layer_groups(cfg), params["groups"], strict=True):
 
         def layer(carry: tuple, xs: tuple, kind: int = group.start) -> tuple:
