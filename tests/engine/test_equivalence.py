@@ -26,7 +26,6 @@ PATHS = {
     "dfs_weight": dict(policy="dfs-weight"),
     "fcfs": dict(policy="fcfs"),
     "tight_kv": dict(num_slots=200),  # real retraction and eviction pressure
-    "unrolled": dict(unroll_max_tokens=8),  # decode-size steps unroll the layers
 }
 
 
@@ -49,8 +48,6 @@ def test_tiny_model_paths_match_sequential(tiny, path: str) -> None:
         e.check_integrity()
         stats = e.stats()
     assert_same_or_near_tie(got, ref, prompts, m.cfg, m.params)
-    if path == "unrolled":
-        assert e.runner.layer_params is not None
     if path in ("retract_every_3", "tight_kv"):
         assert stats["num_retractions"] > 0
     if path != "fcfs" and path != "tight_kv":
