@@ -57,8 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="weight and KV dtype (float32 is faster on CPU)")
     g.add_argument("--unroll-max-tokens", type=int, default=0,
                    help="steps of at most this many tokens run the layers unrolled, not in "
-                        "a scan: faster small-batch decode on the CPU (B = 1 ~1.7x, B = 8 "
-                        "~1.3x) for ~4x their compile time and a second copy of the layer "
+                        "a scan: faster small-batch decode on the CPU (B = 1 ~1.6x, B = 8 "
+                        "~1.2x) for ~4x their compile time and a second copy of the layer "
                         "weights; 0: never")
     g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
                    help="auto: the Pallas kernels on a GPU, the jnp gather backend elsewhere")

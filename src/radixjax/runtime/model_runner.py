@@ -65,7 +65,7 @@ class RunnerConfig:
     kv_dtype: str = "float32"
     mla_absorb: bool = True  # MLA decode in the latent space; False: expanded (reference)
     # step programs of at most this many tokens run the layers unrolled instead of one
-    # lax.scan over stacked weights: faster small-batch decode on the CPU (B = 1 ~1.7x),
+    # lax.scan over stacked weights: faster small-batch decode on the CPU (B = 1 ~1.6x),
     # ~4x their compile time, and a second copy of the layer weights unless every bucket
     # is unrolled (model/layer_stack.py, benchmarks/README.md). 0: never.
     unroll_max_tokens: int = 0
