@@ -8,7 +8,11 @@ import numpy as np
 import pytest
 
 from radixjax.model.attention import TABLE_ALIGN, AttentionMetadata
-from radixjax.model.native_attention import BLOCK_DIAGONAL_MAX_KV_HEADS, native_attention
+from radixjax.model.native_attention import (
+    BLOCK_DIAGONAL_MAX_KV_HEADS,
+    native_attention,
+    uses_block_diagonal,
+)
 
 
 def numpy_decode(q, k_pool, v_pool, slots, window):
@@ -56,3 +60,11 @@ def test_decode_matches_numpy(num_kv_heads: int, window: int | None) -> None:
     for i, r in enumerate(rows):
         ref = numpy_decode(q[i], k_pool, v_pool, r, window)
         np.testing.assert_allclose(np.asarray(out[i]), ref, rtol=2e-5, atol=2e-5)
+
+
+def test_decode_form_follows_kv_heads_and_batch() -> None:
+    """The test above runs both forms (by KV heads, at B = 3); large batches take the
+    per-head form too (measured faster at B = 64)."""
+    assert uses_block_diagonal(2, 3) and uses_block_diagonal(3, 32)
+    assert not uses_block_diagonal(BLOCK_DIAGONAL_MAX_KV_HEADS + 4, 3)
+    assert not uses_block_diagonal(3, 64)

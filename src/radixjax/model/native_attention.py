@@ -72,6 +72,14 @@ def _finish(carry: tuple) -> jax.Array:
 
 
 BLOCK_DIAGONAL_MAX_KV_HEADS = 4  # decode: one GEMM over all KV heads up to this many
+# ... and below this many requests: at B = 64 the per-head form's decode step ran ~17 %
+# faster for SmolLM2 (764 / 794 vs 951 / 922 ms, two runs, context 512); at B <= 32 the
+# two were within noise of each other (benchmarks/README.md, matmul.py section)
+BLOCK_DIAGONAL_MAX_BATCH = 32
+
+
+def uses_block_diagonal(num_kv_heads: int, batch: int) -> bool:
+    return num_kv_heads <= BLOCK_DIAGONAL_MAX_KV_HEADS and batch <= BLOCK_DIAGONAL_MAX_BATCH
 
 
 def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
@@ -83,7 +91,8 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
     gathered row [Hkv * Dh] against a block-diagonal query (zero outside its own KV
     head), so each block is two plain batched GEMMs, [Hq, Hkv*Dh] x [Hkv*Dh, BK] and
     back; the Hkv-fold wasted products cost less than XLA's CPU dot over tiny per-head
-    batches (SmolLM2, Hkv = 3: 2.5x faster per layer at 4k keys, benchmarks/README.md)."""
+    batches (SmolLM2, Hkv = 3: 2.5x faster per layer at 4k keys, benchmarks/README.md),
+    up to BLOCK_DIAGONAL_MAX_BATCH requests; past it the per-head form is faster."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
     group = num_q_heads // num_kv_heads
@@ -96,7 +105,7 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
     if window is not None:  # keys > pos - window, pos = kv_len - 1
         first = jnp.where(is_decode, jnp.maximum(kv_len - window, 0), jnp.iinfo(jnp.int32).max)
         lo = jnp.minimum(jnp.min(first) // block_k, hi)
-    block_diagonal = num_kv_heads <= BLOCK_DIAGONAL_MAX_KV_HEADS
+    block_diagonal = uses_block_diagonal(num_kv_heads, b)
     if block_diagonal:
         eye = jnp.eye(num_kv_heads, dtype=jnp.float32)[:, None, :, None]  # [Hkv, 1, Hkv, 1]
         width = num_kv_heads * head_dim
