@@ -21,11 +21,12 @@ PATHS = {
     "overlap_off": dict(enable_overlap=False),
     "tiny_chunks": dict(chunk_size=4),
     "retract_every_3": dict(retract_every=3),
-    "page_16": dict(page_size=16),
+    # (no warm-up where the pool's shape is new: only the programs these steps use)
+    "page_16": dict(page_size=16, warmup=False),
     "mixed": dict(enable_mixed=True),
     "dfs_weight": dict(policy="dfs-weight"),
     "fcfs": dict(policy="fcfs"),
-    "tight_kv": dict(num_slots=200),  # real retraction and eviction pressure
+    "tight_kv": dict(num_slots=200, warmup=False),  # real retraction and eviction pressure
 }
 
 
@@ -71,7 +72,7 @@ SMOL_PATHS = {
     "tiny_chunks": dict(chunk_size=16),
     "retract_every_2": dict(retract_every=2),
     "overlap_off": dict(enable_overlap=False),
-    "page_16": dict(page_size=16),
+    "page_16": dict(page_size=16, warmup=False),
 }
 
 

@@ -128,7 +128,7 @@ def path_reference(smollm2):
 
 @pytest.mark.parametrize("options", [
     dict(enable_jump_forward=False), dict(enable_overlap=False, chunk_size=16),
-    dict(retract_every=3), dict(page_size=16, enable_mixed=True),
+    dict(retract_every=3), dict(page_size=16, enable_mixed=True, warmup=False),
 ], ids=["no-jump-forward", "no-overlap-chunk-16", "retract-every-3", "page-16-mixed"])
 def test_paths_stay_valid(smollm2, options, path_reference) -> None:
     prompts, sps, reference = path_reference
