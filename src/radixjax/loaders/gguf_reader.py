@@ -4,7 +4,7 @@ memory-mapped file.
 Why not `gguf.GGUFReader`: it builds one numpy memmap slice per value, so a GGUF whose
 metadata holds a 49k-token vocabulary and 48k merges (SmolLM2's) takes ~5 s to open on
 this CPU, paid by every server start; this reader walks the same bytes with `struct` in
-~0.1 s. The `gguf` package still supplies the format's constants and the dequantization.
+~0.3 s. The `gguf` package still supplies the format's constants and the dequantization.
 Little-endian files only (what llama.cpp writes).
 """
 
