@@ -146,9 +146,9 @@ def gpu_main(args: argparse.Namespace) -> None:
     ours = jax.jit(partial(ragged_paged_attention, scale=LLAMA3_8B.scale, max_q=check.max_q,
                            blocks=choose_blocks(check.num_reqs, LLAMA3_8B.kv, 1,
                                                 check.max_kv)))
-    args = check.kernel_args()
-    ref = ragged_paged_attention_ref(*args, scale=LLAMA3_8B.scale)
-    err = float(jnp.max(jnp.abs(ours(*args) - ref)) / jnp.max(jnp.abs(ref)))
+    kargs = check.kernel_args()
+    ref = ragged_paged_attention_ref(*kargs, scale=LLAMA3_8B.scale)
+    err = float(jnp.max(jnp.abs(ours(*kargs) - ref)) / jnp.max(jnp.abs(ref)))
     print(f"compiled kernel vs reference (f32, split-K): rel err {err:.1e}\n")
     del check
     print("| decode B | context | floor ms | pallas ms (x floor) | kernel ms | native ms |")
