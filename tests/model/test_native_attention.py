@@ -1,5 +1,6 @@
 """The native backend's decode path against a numpy softmax attention, for both of its
-forms: few KV heads (one block-diagonal GEMM over all heads) and many (per head)."""
+forms: few KV heads (one block-diagonal GEMM over all heads) and many (per head), in the
+largest and the smallest key blocks (the block follows the batch size)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ import numpy as np
 import pytest
 
 from radixjax.model.attention import TABLE_ALIGN, AttentionMetadata
+from radixjax.model import native_attention as na
 from radixjax.model.native_attention import (
     BLOCK_DIAGONAL_MAX_KV_HEADS,
+    DECODE_MAX_BLOCK_K,
+    DECODE_MIN_BLOCK_K,
+    decode_block_k,
     native_attention,
     uses_block_diagonal,
 )
@@ -32,7 +37,10 @@ def numpy_decode(q, k_pool, v_pool, slots, window):
 
 @pytest.mark.parametrize("num_kv_heads", [2, BLOCK_DIAGONAL_MAX_KV_HEADS + 4])
 @pytest.mark.parametrize("window", [None, 7])
-def test_decode_matches_numpy(num_kv_heads: int, window: int | None) -> None:
+@pytest.mark.parametrize("block_k", [DECODE_MAX_BLOCK_K, DECODE_MIN_BLOCK_K])
+def test_decode_matches_numpy(num_kv_heads: int, window: int | None, block_k: int,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(na, "decode_block_k", lambda batch: block_k)
     rng = np.random.default_rng(num_kv_heads)
     group, dh, num_slots = 2, 8, 1300
     kv_lens = [3, 300, 900]  # across several key blocks, and a tail
@@ -68,3 +76,9 @@ def test_decode_form_follows_kv_heads_and_batch() -> None:
     assert uses_block_diagonal(2, 3) and uses_block_diagonal(3, 32)
     assert not uses_block_diagonal(BLOCK_DIAGONAL_MAX_KV_HEADS + 4, 3)
     assert not uses_block_diagonal(3, 64)
+
+
+def test_decode_key_block_follows_batch() -> None:
+    """About 2048 pool rows per loop step, in blocks of 32..256 keys (powers of two)."""
+    assert [decode_block_k(b) for b in (1, 8, 9, 16, 32, 64, 1024)] == [
+        256, 256, 128, 128, 64, 32, 32]

@@ -34,10 +34,25 @@ from radixjax.model.attention import (
     write_kv,
 )
 
-DECODE_BLOCK_K = 256  # keys per decode loop step (benchmarks/README.md, attention blocks)
+# Decode reads B x block_k pool rows per loop step: about DECODE_BLOCK_ROWS of them, so a
+# step's gathered keys and values (2 x 1.5 MB for SmolLM2) stay in the CPU's cache, in
+# blocks of 32..256 keys. SmolLM2 decode steps, context 512: B = 32 464 -> 344 ms (256 ->
+# 64 keys), context 2048: 1485 -> 742 ms; B = 1 at 4k context keeps 256 (97 ms; 64 keys:
+# 138 ms, the loop's per-step cost). benchmarks/README.md, decode key blocks.
+DECODE_BLOCK_ROWS = 2048
+DECODE_MIN_BLOCK_K, DECODE_MAX_BLOCK_K = 32, 256
 EXTEND_BLOCK_Q = 128  # query tokens per extend tile
 EXTEND_BLOCK_K = 256  # keys per extend loop step
-assert TABLE_ALIGN % DECODE_BLOCK_K == 0 and TABLE_ALIGN % EXTEND_BLOCK_K == 0
+assert TABLE_ALIGN % DECODE_MAX_BLOCK_K == 0 and TABLE_ALIGN % EXTEND_BLOCK_K == 0
+
+
+def decode_block_k(batch: int) -> int:
+    """Keys per decode loop step for a batch of `batch` requests: a power of two in
+    [DECODE_MIN_BLOCK_K, DECODE_MAX_BLOCK_K], about DECODE_BLOCK_ROWS / batch."""
+    k = DECODE_MAX_BLOCK_K
+    while k > DECODE_MIN_BLOCK_K and batch * k > DECODE_BLOCK_ROWS:
+        k //= 2
+    return k
 
 
 def _softmax_step(carry: tuple, s: jax.Array, v: jax.Array, pv: str) -> tuple:
@@ -207,7 +222,8 @@ def native_attention(
     """`AttentionBackend` contract (model/attention.py): blockwise, context-free shapes."""
     k_pool, v_pool = write_kv(k_pool, v_pool, k_new, v_new, md.out_slots + md.layer_base)
     q = q * scale
-    dec = decode_attention(q, k_pool, v_pool, md, window, DECODE_BLOCK_K)  # [B, Hq, Dh]
+    dec = decode_attention(q, k_pool, v_pool, md, window,
+                           decode_block_k(md.q_len.shape[0]))  # [B, Hq, Dh]
     ext = extend_attention(q, pool_keys(k_pool, v_pool), k_pool.shape[1], v_pool.shape[2], md,
                            window, EXTEND_BLOCK_Q, EXTEND_BLOCK_K)  # [T, Hq, Dh]
     is_decode_token = (md.q_len == 1)[md.token_req]  # [T]
