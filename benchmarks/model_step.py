@@ -1,10 +1,11 @@
 """Model step speed on the default model (SmolLM2-135M): decode step time at batch
 1/8/32/64 (context 512) and prefill tokens/s at 512 and 2048 tokens, float32 vs bfloat16
 weights (or, with --unroll, float32 with the layers scanned vs unrolled in the decode
-steps, `--unroll-max-tokens 64`, and the compile time of each step program), next to the
+steps, `--unroll-max-tokens 64`; with --quant, float32 vs int8 layer weights and
+activations, `--quantization w8a8_int8`), the compile time of each step program, and the
 memory-bandwidth floor (weight bytes / measured read bandwidth).
 
-    .venv/bin/python benchmarks/model_step.py [--steps 20] [--unroll]
+    .venv/bin/python benchmarks/model_step.py [--steps 20] [--unroll | --quant]
 """
 
 from __future__ import annotations
@@ -60,13 +61,16 @@ def time_steps(runner: ModelRunner, reqs: list[RequestSlice], steps: int,
     return float(np.median(times))
 
 
-def bench(dtype: str, steps: int, unroll: bool = False) -> dict[str, float]:
+def bench(dtype: str, steps: int, unroll: bool = False,
+          quantization: str = "none") -> dict[str, float]:
     m = load_model(None, dtype=dtype, load_tokenizer=False)
     rng = np.random.default_rng(0)
     runner = ModelRunner(m.cfg, m.params, RunnerConfig(
         num_slots=64 * CONTEXT + 1, max_batch_tokens=2048, max_running=64,
-        max_context=2048, kv_dtype=dtype, unroll_max_tokens=UNROLL_MAX_TOKENS if unroll else 0))
-    out: dict[str, float] = {"weight_bytes": num_param_bytes(m.params)}
+        max_context=2048, kv_dtype=dtype, unroll_max_tokens=UNROLL_MAX_TOKENS if unroll else 0,
+        quantization=quantization))
+    del m.params
+    out: dict[str, float] = {"weight_bytes": num_param_bytes(runner.params)}
     compiles: list[float] = []
     for b in (1, 8, 32, 64):
         reqs = [
@@ -88,10 +92,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--unroll", action="store_true",
                     help="float32, layers scanned vs unrolled (instead of f32 vs bf16)")
+    ap.add_argument("--quant", action="store_true",
+                    help="float32 vs w8a8_int8 (instead of f32 vs bf16)")
     args = ap.parse_args()
     # no persistent compile cache: the compile time of each program is measured
     bw = read_bandwidth()
-    if args.unroll:
+    if args.quant:
+        names = ("float32", "w8a8_int8")
+        res = {"float32": bench("float32", args.steps),
+               "w8a8_int8": bench("float32", args.steps, quantization="w8a8_int8")}
+    elif args.unroll:
         names = ("scanned", "unrolled")
         res = {"scanned": bench("float32", args.steps),
                "unrolled": bench("float32", args.steps, unroll=True)}

@@ -17,6 +17,7 @@ from radixjax.engine.config import (
     DISAGGREGATION_MODES,
     MOE_DISPATCH,
     POLICIES,
+    QUANTIZATIONS,
 )
 from radixjax.engine.dp_router import DP_POLICIES
 from radixjax.server.limits import Limits
@@ -60,6 +61,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "a scan: faster small-batch decode on the CPU (B = 1 ~1.6x, B = 8 "
                         "~1.2x) for ~4x their compile time and a second copy of the layer "
                         "weights; 0: never")
+    g.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
+                   help="w8a8_int8: int8 layer weights and per-token int8 activations "
+                        "(one device): decode B = 8 ~1.7x faster on the CPU, logits "
+                        "within ~18 %% of float32")
     g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
                    help="auto: the Pallas kernels on a GPU, the jnp gather backend elsewhere")
     g.add_argument("--no-warmup", action="store_true",
@@ -139,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         policy=args.policy, enable_cache=not args.disable_radix_cache,
         enable_overlap=not args.disable_overlap, enable_mixed=args.enable_mixed,
         dtype=args.dtype, unroll_max_tokens=args.unroll_max_tokens,
+        quantization=args.quantization,
         attention_backend=args.attention_backend, tp=args.tp, ep=args.ep,
         moe_dispatch=args.moe_dispatch, enable_dp_attention=args.enable_dp_attention,
         disaggregation_mode=args.disaggregation_mode,

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from radixjax.model.attention import TABLE_ALIGN, AttentionMetadata
 from radixjax.model import native_attention as na
+from radixjax.model.attention import TABLE_ALIGN, AttentionMetadata
 from radixjax.model.native_attention import (
     BLOCK_DIAGONAL_MAX_KV_HEADS,
     DECODE_MAX_BLOCK_K,

@@ -8,6 +8,7 @@ POLICIES = ("lpm", "dfs-weight", "fcfs")
 DISAGGREGATION_MODES = ("null", "prefill", "decode")  # SGLang's names
 ATTENTION_BACKENDS = ("auto", "native", "pallas")  # resolved by model.attention
 MOE_DISPATCH = ("psum", "all_to_all")  # EP forms: parallel.rules.Layout.moe_dispatch
+QUANTIZATIONS = ("none", "w8a8_int8")  # model/quant.py
 
 
 class EngineConfigError(ValueError):
@@ -36,6 +37,9 @@ class EngineConfig:
     # faster small-batch decode on the CPU for ~4x their compile time and a second copy
     # of the layer weights (RunnerConfig.unroll_max_tokens, benchmarks/README.md)
     unroll_max_tokens: int = 0
+    # "w8a8_int8": int8 layer matrices and activations, one device only (model/quant.py:
+    # decode B = 8 ~1.7x faster on the CPU, logits within ~18 %; benchmarks/README.md)
+    quantization: str = "none"
     attention_backend: str = "auto"  # "native" | "pallas" | "auto": pallas on a GPU
     seed: int = 0  # seeds for requests that give none derive from it
     tp: int = 1  # tensor-parallel devices (0: every visible device); docs/sharding.md
@@ -79,6 +83,10 @@ class EngineConfig:
         check(self.disaggregation_mode != "decode" or self.enable_cache,
               "a decode server lands the transferred KV in its radix cache: keep it on")
         check(self.disaggregation_timeout > 0, "disaggregation_timeout must be > 0")
+        check(self.quantization in QUANTIZATIONS,
+              f"quantization must be one of {QUANTIZATIONS}")
+        check(self.quantization == "none" or (self.tp == 1 and not self.enable_dp_attention),
+              "weight quantization runs on one device only (tp = 1, no DP attention)")
         check(not self.enable_dp_attention or self.tp != 1,
               "DP attention needs tp > 1 (one DP rank per device)")
         check(not self.enable_dp_attention or self.disaggregation_mode == "null",

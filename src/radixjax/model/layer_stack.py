@@ -63,7 +63,8 @@ def stack_layers(cfg: ModelConfig, params: Params) -> Params:
     out = {k: v for k, v in params.items() if k != "layers"}
     layers = params["layers"]
     out["groups"] = [
-        {name: _stack([layers[i][name] for i in range(g.start, g.stop)])
+        {name: jax.tree.map(lambda *xs: _stack(list(xs)),
+                            *[layers[i][name] for i in range(g.start, g.stop)])
          for name in layers[g.start]}
         for g in layer_groups(cfg)
     ]

@@ -1,5 +1,6 @@
 """Stateless building blocks: RMSNorm, RoPE, linear. Activations are float32; weights may
-be bfloat16, in which case matmuls run as dot(bf16, bf16) -> f32 (shared/DESIGN.md §3)."""
+be bfloat16, in which case matmuls run as dot(bf16, bf16) -> f32 (shared/DESIGN.md §3), or
+weight-only int8 (model/quant.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from radixjax.model.config import ModelConfig, RopeScaling, YarnScaling
+from radixjax.model.quant import Int8Weight, int8_linear
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -18,9 +20,12 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return x * jax.lax.rsqrt(var + eps) * weight
 
 
-def linear(x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax.Array:
-    """x: [T, I] f32, w: [I, O] (f32 or bf16) -> [T, O] f32."""
-    y = jnp.dot(x.astype(w.dtype), w, preferred_element_type=jnp.float32)
+def linear(x: jax.Array, w: jax.Array | Int8Weight, b: jax.Array | None = None) -> jax.Array:
+    """x: [T, I] f32, w: [I, O] (f32 or bf16) or int8 (model/quant.py) -> [T, O] f32."""
+    if isinstance(w, Int8Weight):
+        y = int8_linear(x, w)
+    else:
+        y = jnp.dot(x.astype(w.dtype), w, preferred_element_type=jnp.float32)
     return y if b is None else y + b
 
 

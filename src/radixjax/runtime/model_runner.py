@@ -35,6 +35,7 @@ from radixjax.model.llama import (
     lm_head,
 )
 from radixjax.model.params import Params
+from radixjax.model.quant import QUANTIZATIONS, quantize_params
 from radixjax.parallel.rules import Layout
 from radixjax.parallel.shard_params import kv_sharding, shard_params, sharded_config
 from radixjax.runtime.batch import DUMMY_SLOT, Buckets, HostBatch, PromptScores, TokenSource
@@ -69,6 +70,8 @@ class RunnerConfig:
     # ~4x their compile time, and a second copy of the layer weights unless every bucket
     # is unrolled (model/layer_stack.py, benchmarks/README.md). 0: never.
     unroll_max_tokens: int = 0
+    # "w8a8_int8": int8 layer matrices and activations (model/quant.py); "none": as loaded
+    quantization: str = "none"
     # DP attention ranks (engine/dp_attention.py): each rank has num_slots pool slots and
     # max_running + 1 table rows of its own, and a step is one chunk of a bucket per rank
     dp_ranks: int = 1
@@ -76,6 +79,8 @@ class RunnerConfig:
     def __post_init__(self) -> None:
         if self.kv_dtype not in DTYPES:
             raise ValueError(f"kv_dtype must be one of {sorted(DTYPES)}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}")
         if self.num_slots < 2:
             raise ValueError("num_slots must be >= 2 (slot 0 is the padding dummy)")
         if self.page_size < 1 or self.num_slots % self.page_size:
@@ -234,6 +239,9 @@ class ModelRunner:
         self.cfg = cfg
         self.layout = layout
         self.run_cfg = cfg if layout is None else sharded_config(cfg, layout)
+        if config.quantization != "none" and layout is not None:
+            raise ValueError("weight quantization runs on one device only (no mesh)")
+        params = quantize_params(params, config.quantization)
         if layout is not None:
             params = shard_params(cfg, params, layout)
             inputs = layout.replicated  # where step inputs go

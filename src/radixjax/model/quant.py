@@ -1,0 +1,69 @@
+"""W8A8 int8 (SGLang's `w8a8_int8`): the dense layer matrices stored as int8 with one
+float32 scale per output column, each token's activations quantized to int8 with its own
+scale as the step runs, the product accumulated in int32 and scaled back to f32. Norms,
+embedding, LM head, attention and the KV pool stay as they were.
+
+    w [I, O] f32  ->  Int8Weight(q [O, I] int8, scale [O] f32),  w ~= (q * scale[:, None]).T
+    x [T, I] f32  ->  xq [T, I] int8, a [T, 1] = max|x[t]| / 127
+    linear:  (xq @ q.T) [T, O] int32 * a * scale  ->  [T, O] f32
+
+Why (benchmarks/README.md, model_step.py --quant): on the CPU a decode step streams every
+weight once, and inside the layer scan XLA copies each layer's slice before its dot; the
+int8 x int8 dot moves a quarter of the bytes through both and runs on XLA's int8 GEMM.
+SmolLM2 decode B = 8 ~1.7x faster, B = 32 ~1.25x, B = 1 ~1.1x; logits within ~18 % (max
+abs error / max abs logit) and the same top token at ~84 % of positions: an opt-in, off
+by default. Weight-only int8 (f32 activations, the weight converted in the program) gained
+~10 % and was not kept. The LM head stays f32 (an int8 head ran 7x slower, matmul.py).
+
+Which matrices: those the forward runs through `layers.linear` (attention projections,
+dense and shared-expert MLPs, MLA's down-projections). Not MLA's `wkv_b` (absorbed into
+per-head products), routers, or routed experts (ragged_dot)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from radixjax.engine.config import QUANTIZATIONS  # ("none", "w8a8_int8")
+from radixjax.model.params import Params
+
+QUANTIZED = frozenset({"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "wq_a", "wq_b",
+                       "wkv_a", "ws_gate", "ws_up", "ws_down"})
+
+
+class Int8Weight(NamedTuple):
+    q: jax.Array  # [O, I] int8 ([n, O, I] stacked for the layer scan)
+    scale: jax.Array  # [O] f32 ([n, O] stacked)
+
+
+@jax.jit
+def quantize_int8(w: jax.Array) -> Int8Weight:
+    """w [I, O] -> symmetric per-output-column int8 (round to nearest, |q| <= 127)."""
+    wt = w.astype(jnp.float32).T  # [O, I]
+    absmax = jnp.max(jnp.abs(wt), axis=1)  # [O]
+    scale = jnp.where(absmax > 0, absmax / 127.0, 1.0)
+    q = jnp.clip(jnp.round(wt / scale[:, None]), -127, 127).astype(jnp.int8)
+    return Int8Weight(q, scale)
+
+
+def int8_linear(x: jax.Array, w: Int8Weight) -> jax.Array:
+    """x [T, I] f32 -> [T, O] f32, through int8 activations (one scale per token)."""
+    a = jnp.maximum(jnp.max(jnp.abs(x), axis=-1, keepdims=True), 1e-30) / 127  # [T, 1]
+    xq = jnp.round(x / a).astype(jnp.int8)
+    y = jax.lax.dot_general(xq, w.q, (((1,), (1,)), ((), ())),
+                            preferred_element_type=jnp.int32)  # [T, O]
+    return y.astype(jnp.float32) * a * w.scale
+
+
+def quantize_params(params: Params, quantization: str) -> Params:
+    """Checkpoint-shaped params -> the same with the QUANTIZED layer matrices as
+    Int8Weight ("w8a8_int8"; "none": unchanged). The other leaves are shared, not copied."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+    if quantization == "none":
+        return params
+    layers = [{k: quantize_int8(v) if k in QUANTIZED else v for k, v in lp.items()}
+              for lp in params["layers"]]
+    return {**params, "layers": layers}
