@@ -62,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--gsp-system-prompt-len", type=int, default=256)
     g.add_argument("--gsp-question-len", type=int, default=32)
     g.add_argument("--gsp-output-len", type=int, default=32)
+    g.add_argument("--gsp-chat", action="store_true",
+                   help="chat requests: the system prompt as the system message")
     g = p.add_argument_group("multi-turn")
     g.add_argument("--mt-num-conversations", type=int, default=4)
     g.add_argument("--mt-num-turns", type=int, default=3)
@@ -96,7 +98,7 @@ def build_workload(args: argparse.Namespace, tok: wl.Tokenizer, seed: int) -> wl
         return wl.generated_shared_prefix(
             tok, num_groups=args.gsp_num_groups, prompts_per_group=args.gsp_prompts_per_group,
             system_len=args.gsp_system_prompt_len, question_len=args.gsp_question_len,
-            output_len=args.gsp_output_len, seed=seed)
+            output_len=args.gsp_output_len, seed=seed, chat=args.gsp_chat)
     if args.workload == "multi-turn":
         return wl.multi_turn(tok, num_conversations=args.mt_num_conversations,
                              num_turns=args.mt_num_turns, system_len=args.mt_system_len,

@@ -87,21 +87,27 @@ def random_text(tok: Tokenizer, num_tokens: int, rng: random.Random) -> str:
 
 def generated_shared_prefix(tok: Tokenizer, *, num_groups: int, prompts_per_group: int,
                             system_len: int, question_len: int, output_len: int,
-                            seed: int = 0) -> Workload:
+                            seed: int = 0, chat: bool = False) -> Workload:
     """SGLang's gsp: each group shares one long system prompt; questions are unique.
     Requests are interleaved across groups (group 0 q0, group 1 q0, ...), so a cache
-    must keep several prefixes to hit."""
+    must keep several prefixes to hit. chat: chat requests (the system prompt as the
+    system message, the question as the user's) instead of completions."""
     rng = random.Random(seed)
     systems = [random_text(tok, system_len, rng) for _ in range(num_groups)]
     questions = [[random_text(tok, question_len, rng) for _ in range(prompts_per_group)]
                  for _ in range(num_groups)]
-    sessions = tuple(
-        Session((Turn(output_len, prompt=systems[g] + "\n\nQuestion: " + questions[g][q]
-                      + "\nAnswer:"),), group=g)
-        for q in range(prompts_per_group) for g in range(num_groups))
+    if chat:
+        sessions = tuple(
+            Session((Turn(output_len, user=questions[g][q]),), system=systems[g], group=g)
+            for q in range(prompts_per_group) for g in range(num_groups))
+    else:
+        sessions = tuple(
+            Session((Turn(output_len, prompt=systems[g] + "\n\nQuestion: " + questions[g][q]
+                          + "\nAnswer:"),), group=g)
+            for q in range(prompts_per_group) for g in range(num_groups))
     return Workload("generated-shared-prefix", sessions, dict(
         num_groups=num_groups, prompts_per_group=prompts_per_group, system_len=system_len,
-        question_len=question_len, output_len=output_len, seed=seed))
+        question_len=question_len, output_len=output_len, seed=seed, chat=chat))
 
 
 def multi_turn(tok: Tokenizer, *, num_conversations: int, num_turns: int, system_len: int,

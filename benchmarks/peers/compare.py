@@ -30,6 +30,7 @@ METRICS = (  # (label, key, sub-key, higher is better)
     ("requests/s", "request_throughput", None, True),
     ("TTFT median ms", "ttft_ms", "median", False),
     ("TPOT median ms", "tpot_ms", "median", False),
+    ("ITL p99 ms", "itl_ms", "p99", False),
     ("E2E median ms", "e2e_ms", "median", False),
 )
 
@@ -38,7 +39,7 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--servers", nargs="+", default=["ours", "llama.cpp", "hf"],
-                   choices=["ours", "llama.cpp", "hf"])
+                   choices=["ours", "ours-w8a8", "llama.cpp", "hf"])
     p.add_argument("--workloads", nargs="+", default=["generated-shared-prefix", "multi-turn"],
                    choices=serving.WORKLOADS)
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 16])
@@ -88,8 +89,9 @@ def value(metrics: dict[str, Any], key: str, sub: str | None) -> float:
 
 def table(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
     names = [n for n in args.servers if n in results]
-    peers = [n for n in names if n != "ours"]
-    head = ["workload", "c", "metric", *names, *(f"ours/{p}" for p in peers)]
+    peers = [n for n in names if not n.startswith("ours")]
+    pairs = [(o, p) for o in names if o.startswith("ours") for p in peers]
+    head = ["workload", "c", "metric", *names, *(f"{o}/{p}" for o, p in pairs)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for workload in args.workloads:
         for c in args.concurrency:
@@ -101,11 +103,10 @@ def table(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
                     vals = {n: v if v is not None else results[n][cell]["reported_hit_rate"]
                             for n, v in vals.items()}
                     fmt = {n: "-" if v is None else f"{v:.2f}" for n, v in vals.items()}
-                    ratios = ["" for _ in peers]
+                    ratios = ["" for _ in pairs]
                 else:
                     fmt = {n: f"{v:.1f}" if v >= 10 else f"{v:.2f}" for n, v in vals.items()}
-                    ratios = [f"{vals['ours'] / vals[p]:.2f}" if "ours" in vals and vals[p]
-                              else "" for p in peers]
+                    ratios = [f"{vals[o] / vals[p]:.2f}" if vals[p] else "" for o, p in pairs]
                 lines.append("| " + " | ".join([workload, str(c), label,
                                                 *(fmt[n] for n in names), *ratios]) + " |")
     return "\n".join(lines)

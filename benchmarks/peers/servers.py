@@ -1,5 +1,6 @@
-"""The servers the comparison starts, one at a time, on loopback: ours, llama.cpp's
-llama-server, and the HF transformers baseline, all on the same SmolLM2 GGUF."""
+"""The servers the comparison starts, one at a time, on loopback: ours (also with
+`--quantization w8a8_int8`), llama.cpp's llama-server, and the HF transformers baseline,
+all on the same SmolLM2 GGUF."""
 
 from __future__ import annotations
 
@@ -35,10 +36,12 @@ class ServerSpec:
 
 def server_specs(parallel: int, base_port: int = 30100) -> dict[str, ServerSpec]:
     py = sys.executable
+    ours = (py, "-m", "radixjax.launch_server", "--host", "127.0.0.1", "--max-running",
+            str(max(parallel, 16)))
     return {
-        "ours": ServerSpec("ours", (py, "-m", "radixjax.launch_server", "--host",
-                                    "127.0.0.1", "--port", str(base_port),
-                                    "--max-running", str(max(parallel, 16))), base_port),
+        "ours": ServerSpec("ours", (*ours, "--port", str(base_port)), base_port),
+        "ours-w8a8": ServerSpec("ours-w8a8", (*ours, "--port", str(base_port + 3),
+                                              "--quantization", "w8a8_int8"), base_port + 3),
         "llama.cpp": ServerSpec("llama.cpp", ("bash", str(PEERS / "start_llama_server.sh"),
                                               "--port", str(base_port + 1), "--parallel",
                                               str(parallel)), base_port + 1),

@@ -12,7 +12,8 @@ import compare  # noqa: E402
 def cell(tok_s: float, ttft: float, hit: float | None, reported: float | None) -> dict:
     s = {"mean": ttft, "median": ttft, "p99": ttft}
     return {"output_throughput": tok_s, "request_throughput": tok_s / 10, "ttft_ms": s,
-            "tpot_ms": s, "e2e_ms": s, "cache_hit_rate": hit, "reported_hit_rate": reported}
+            "tpot_ms": s, "itl_ms": s, "e2e_ms": s, "cache_hit_rate": hit,
+            "reported_hit_rate": reported}
 
 
 def test_table_has_ratios_ours_over_each_peer():
@@ -28,3 +29,17 @@ def test_table_has_ratios_ours_over_each_peer():
     assert rows["output tok/s"].endswith("| 200.0 | 100.0 | 20.0 | 2.00 | 10.00 |")
     assert rows["TTFT median ms"].endswith("| 50.0 | 100.0 | 500.0 | 0.50 | 0.10 |")
     assert rows["cache hit rate"].endswith("| 0.60 | 0.50 | - |  |  |")
+
+
+def test_table_has_a_ratio_column_per_variant_of_ours_and_peer():
+    args = Namespace(servers=["ours", "ours-w8a8", "llama.cpp"], workloads=["multi-turn"],
+                     concurrency=[8])
+    results = {"ours": {"multi-turn/c8": cell(200.0, 50.0, 0.6, 0.6)},
+               "ours-w8a8": {"multi-turn/c8": cell(300.0, 40.0, 0.6, 0.6)},
+               "llama.cpp": {"multi-turn/c8": cell(100.0, 100.0, None, 0.5)}}
+    lines = compare.table(results, args).splitlines()
+    assert lines[0] == ("| workload | c | metric | ours | ours-w8a8 | llama.cpp "
+                        "| ours/llama.cpp | ours-w8a8/llama.cpp |")
+    rows = {line.split(" | ")[2]: line for line in lines[2:]}
+    assert rows["output tok/s"].endswith("| 200.0 | 300.0 | 100.0 | 2.00 | 3.00 |")
+    assert rows["ITL p99 ms"].endswith("| 50.0 | 40.0 | 100.0 | 0.50 | 0.40 |")

@@ -35,6 +35,19 @@ def test_shared_prefix_groups_share_their_system_prompt_and_interleave():
     assert len(systems) == 3
 
 
+def test_shared_prefix_as_chat_puts_the_shared_prompt_in_the_system_message():
+    args = dict(num_groups=2, prompts_per_group=3, system_len=40, question_len=6,
+                output_len=8, seed=2)
+    chat = wl.generated_shared_prefix(TOK, chat=True, **args)
+    plain = wl.generated_shared_prefix(TOK, **args)
+    assert chat.num_requests == 6 and all(s.is_chat for s in chat.sessions)
+    for c, p in zip(chat.sessions, plain.sessions, strict=True):
+        assert c.group == p.group and c.turns[0].max_tokens == 8
+        assert p.turns[0].prompt == f"{c.system}\n\nQuestion: {c.turns[0].user}\nAnswer:"
+    assert len({s.system for s in chat.sessions}) == 2
+    assert len({s.turns[0].user for s in chat.sessions}) == 6
+
+
 def test_workloads_are_deterministic_per_seed():
     def make(seed: int) -> wl.Workload:
         return wl.generated_shared_prefix(TOK, num_groups=2, prompts_per_group=2,
