@@ -1,6 +1,6 @@
 """Stateless building blocks: RMSNorm, RoPE, linear. Activations are float32; weights may
 be bfloat16, in which case matmuls run as dot(bf16, bf16) -> f32 (shared/DESIGN.md §3), or
-weight-only int8 (model/quant.py)."""
+int8 (W8A8, model/quant.py)."""
 
 from __future__ import annotations
 

@@ -10,10 +10,11 @@ embedding, LM head, attention and the KV pool stay as they were.
 Why (benchmarks/README.md, model_step.py --quant): on the CPU a decode step streams every
 weight once, and inside the layer scan XLA copies each layer's slice before its dot; the
 int8 x int8 dot moves a quarter of the bytes through both and runs on XLA's int8 GEMM.
-SmolLM2 decode B = 8 ~1.7x faster, B = 32 ~1.25x, B = 1 ~1.1x; logits within ~18 % (max
-abs error / max abs logit) and the same top token at ~84 % of positions: an opt-in, off
-by default. Weight-only int8 (f32 activations, the weight converted in the program) gained
-~10 % and was not kept. The LM head stays f32 (an int8 head ran 7x slower, matmul.py).
+SmolLM2 decode B = 8 ~1.7x faster, B = 32 ~1.25x, B = 1 about the same, prefill ~0.85x;
+served with 8 streams on one shared prompt 1.5x the f32 output rate. Logits within ~18 %
+(max abs error / max abs logit), the same top token at ~84 % of positions: an opt-in,
+off by default. Weight-only int8 (f32 activations, the weight converted in the program)
+gained ~10 % and was not kept. The LM head stays f32 (an int8 head ran 7x slower).
 
 Which matrices: those the forward runs through `layers.linear` (attention projections,
 dense and shared-expert MLPs, MLA's down-projections). Not MLA's `wkv_b` (absorbed into
