@@ -96,15 +96,15 @@ def generated_shared_prefix(tok: Tokenizer, *, num_groups: int, prompts_per_grou
     systems = [random_text(tok, system_len, rng) for _ in range(num_groups)]
     questions = [[random_text(tok, question_len, rng) for _ in range(prompts_per_group)]
                  for _ in range(num_groups)]
-    if chat:
-        sessions = tuple(
-            Session((Turn(output_len, user=questions[g][q]),), system=systems[g], group=g)
-            for q in range(prompts_per_group) for g in range(num_groups))
-    else:
-        sessions = tuple(
-            Session((Turn(output_len, prompt=systems[g] + "\n\nQuestion: " + questions[g][q]
-                          + "\nAnswer:"),), group=g)
-            for q in range(prompts_per_group) for g in range(num_groups))
+
+    def session(g: int, q: int) -> Session:
+        if chat:
+            return Session((Turn(output_len, user=questions[g][q]),), system=systems[g],
+                           group=g)
+        prompt = systems[g] + "\n\nQuestion: " + questions[g][q] + "\nAnswer:"
+        return Session((Turn(output_len, prompt=prompt),), group=g)
+
+    sessions = tuple(session(g, q) for q in range(prompts_per_group) for g in range(num_groups))
     return Workload("generated-shared-prefix", sessions, dict(
         num_groups=num_groups, prompts_per_group=prompts_per_group, system_len=system_len,
         question_len=question_len, output_len=output_len, seed=seed, chat=chat))

@@ -41,7 +41,6 @@ from radixjax.model.native_attention import (
     EXTEND_BLOCK_K,
     EXTEND_BLOCK_Q,
     decode_attention,
-    decode_block_k,
     extend_attention,
     gather_rows,
 )
@@ -98,7 +97,7 @@ def mla_attend(
     q_lat = jnp.einsum("bhn,rhn->bhr", q_nope[rows], w_uk)  # [B, H, Rkv]
     qa = jnp.concatenate([q_lat, q_pe[rows]], axis=-1) * scale  # [B, H, Rkv + Dr]
     md_b = md._replace(q_start=jnp.arange(b, dtype=jnp.int32))
-    o_lat = decode_attention(qa, pool, pool, md_b, None, decode_block_k(b))  # [B, H, Rkv + Dr]
+    o_lat = decode_attention(qa, pool, pool, md_b, None)  # [B, H, Rkv + Dr]
     dec = jnp.einsum("bhr,rhv->bhv", o_lat[..., :rank], w_uv)  # [B, H, Dv]
     is_decode_token = (md.q_len == 1)[md.token_req]  # [T]
     return jnp.where(is_decode_token[:, None, None], dec[md.token_req], ext), pool

@@ -98,9 +98,9 @@ def uses_block_diagonal(num_kv_heads: int, batch: int) -> bool:
 
 
 def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
-                     md: AttentionMetadata, window: int | None, block_k: int) -> jax.Array:
+                     md: AttentionMetadata, window: int | None) -> jax.Array:
     """q [T, Hq, Dh] (scaled) -> [B, Hq, Dh]: each q_len == 1 request's one token over
-    its keys; other rows are garbage.
+    its keys, in blocks of decode_block_k(B) keys; other rows are garbage.
 
     With few KV heads the keys are not split per head: every query head scores the whole
     gathered row [Hkv * Dh] against a block-diagonal query (zero outside its own KV
@@ -112,6 +112,7 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
     num_kv_heads = k_pool.shape[1]
     group = num_q_heads // num_kv_heads
     b = md.q_len.shape[0]
+    block_k = decode_block_k(b)
     is_decode = md.q_len == 1
     kv_len = jnp.where(is_decode, md.kv_len, 0)  # [B]
     qd = q[jnp.clip(md.q_start, 0, num_tokens - 1)].reshape(b, num_kv_heads, group, head_dim)
@@ -222,8 +223,7 @@ def native_attention(
     """`AttentionBackend` contract (model/attention.py): blockwise, context-free shapes."""
     k_pool, v_pool = write_kv(k_pool, v_pool, k_new, v_new, md.out_slots + md.layer_base)
     q = q * scale
-    dec = decode_attention(q, k_pool, v_pool, md, window,
-                           decode_block_k(md.q_len.shape[0]))  # [B, Hq, Dh]
+    dec = decode_attention(q, k_pool, v_pool, md, window)  # [B, Hq, Dh]
     ext = extend_attention(q, pool_keys(k_pool, v_pool), k_pool.shape[1], v_pool.shape[2], md,
                            window, EXTEND_BLOCK_Q, EXTEND_BLOCK_K)  # [T, Hq, Dh]
     is_decode_token = (md.q_len == 1)[md.token_req]  # [T]
