@@ -22,6 +22,8 @@ from radixjax.engine.config import (
 from radixjax.engine.dp_router import DP_POLICIES
 from radixjax.server.limits import Limits
 
+KEEP_ALIVE_S = 65  # idle HTTP keep-alive (s): longer than clients keep theirs (main)
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
@@ -171,7 +173,12 @@ def main(argv: list[str] | None = None) -> int:
           f"(ready in {time.perf_counter() - t0:.0f}s, "
           f"{getattr(engine, 'replicas', [engine])[0].runner.num_programs} step programs"
           f"{f', {args.dp} replicas' if args.dp > 1 else ''})", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    # Idle connections stay open past the 5 s after which httpx-based clients (openai,
+    # radixjax.lang) drop theirs: with uvicorn's own 5 s the two timers race, and a request
+    # sent on a connection the server is closing fails ("Server disconnected without
+    # sending a response", seen once in the suite).
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
+                timeout_keep_alive=KEEP_ALIVE_S)
     return 0
 
 

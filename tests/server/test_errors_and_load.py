@@ -4,6 +4,7 @@ free their KV; a bounded burst of concurrent streams all complete; the API key."
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -77,6 +78,19 @@ def test_server_still_serves_after_bad_inputs(server) -> None:
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
     stats = wait_idle(server)
     assert stats["kv_held"] == 0
+
+
+def test_an_idle_connection_stays_open_past_clients_expiry(server) -> None:
+    """launch_server keeps idle connections 65 s: a client (httpx's default expiry is 5 s)
+    never races the server's close. The same socket serves a request after 6 s idle."""
+    with httpx.Client(limits=httpx.Limits(keepalive_expiry=60)) as client:
+        ports = []
+        for wait in (0, 6):
+            time.sleep(wait)
+            r = client.get(server + "/health", timeout=30)
+            assert r.status_code == 200
+            ports.append(r.extensions["network_stream"].get_extra_info("socket").getsockname())
+        assert ports[0] == ports[1]
 
 
 def test_dropped_streams_free_their_kv(server) -> None:

@@ -116,9 +116,12 @@ class RuntimeEndpoint(Backend):
                  timeout: float = 600.0) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
+        # idle connections dropped after 3 s: before a server closes them (uvicorn's
+        # default, SGLang's too, is 5 s; a request racing that close fails outright)
         self._client = httpx.Client(base_url=self.base_url, headers=headers,
                                     timeout=timeout, limits=httpx.Limits(
-                                        max_connections=256, max_keepalive_connections=64))
+                                        max_connections=256, max_keepalive_connections=64,
+                                        keepalive_expiry=3.0))
         info = self._check(self._client.get("/get_model_info")).json()
         self.model_info = info
         markers = info.get("chat_role_markers") or CHATML
