@@ -1,6 +1,8 @@
 """Greedy outputs are identical between the sequential cache-off reference and every
 engine path: concurrent with the cache, tiny chunks, forced retraction, overlap off,
-page size 16, mixed batches, each policy. KV accounting holds after each run."""
+page size 16, mixed batches, each policy. KV accounting holds after each run. The shared
+prompt prefixes are long enough (>= SHARED_PREFIX_MIN) for the native backend's
+shared-prefix pass, and the tests check that steps used it."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import pytest
 
 from radixjax import Engine, SamplingParams
 from radixjax.loaders import load_model
+from radixjax.runtime import batch as batch_module
+from radixjax.runtime.batch import SHARED_PREFIX_MIN
 from tests.conftest import SMOLLM2_ENGINE
 from tests.engine.helpers import assert_same_or_near_tie, sequential_reference
 
@@ -30,11 +34,26 @@ PATHS = {
 }
 
 
+@pytest.fixture
+def shared_steps(monkeypatch) -> list[int]:
+    """The longest shared prefix of each step the engines build (0: none)."""
+    seen: list[int] = []
+    real = batch_module.shared_prefix_lens
+
+    def spy(reqs):
+        out = real(reqs)
+        seen.append(int(out.max(initial=0)))
+        return out
+
+    monkeypatch.setattr(batch_module, "shared_prefix_lens", spy)
+    return seen
+
+
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir):
     m = load_model(tiny_model_dir("qwen3"), load_tokenizer=False)
     rng = np.random.default_rng(0)
-    shared = list(rng.integers(3, 200, 40))
+    shared = list(rng.integers(3, 200, SHARED_PREFIX_MIN + 6))
     prompts = [list(rng.integers(3, 200, n)) for n in (5, 30, 17, 9)]
     prompts += [shared + list(rng.integers(3, 200, k)) for k in (3, 8, 12)]
     kw = dict(BASE, params=m.params, model_config=m.cfg)
@@ -42,8 +61,9 @@ def tiny(tiny_model_dir):
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
-def test_tiny_model_paths_match_sequential(tiny, path: str) -> None:
+def test_tiny_model_paths_match_sequential(tiny, path: str, shared_steps) -> None:
     m, prompts, kw, ref = tiny
+    shared_steps.clear()  # (the module's reference engine ran before)
     with Engine(**dict(kw, **PATHS[path])) as e:
         got = [o.token_ids for o in e.generate(prompts, SP)]
         e.check_integrity()
@@ -52,13 +72,14 @@ def test_tiny_model_paths_match_sequential(tiny, path: str) -> None:
     if path in ("retract_every_3", "tight_kv"):
         assert stats["num_retractions"] > 0
     if path != "fcfs" and path != "tight_kv":
-        assert stats["cache_hit_rate"] > 0.2  # the shared 40-token prefix was reused
+        assert stats["cache_hit_rate"] > 0.2  # the shared 70-token prefix was reused
+    assert max(shared_steps) >= SHARED_PREFIX_MIN, shared_steps
 
 
 @pytest.fixture(scope="module")
 def smol_prompts(smollm2):
     tok = smollm2.tokenizer
-    system = "You are a terse assistant. Answer in one short sentence. " * 3
+    system = "You are a terse assistant. Answer in one short sentence. " * 6
     questions = ["What is the capital of France?", "Name a primary colour.",
                  "What is 3 + 4?", "Say hello in Spanish."]
     return [tok.apply_chat_template([{"role": "system", "content": system},
@@ -76,37 +97,41 @@ SMOL_PATHS = {
 }
 
 
-def test_smollm2_paths_match_sequential(smollm2, smol_prompts) -> None:
+def test_smollm2_paths_match_sequential(smollm2, smol_prompts, shared_steps) -> None:
     sp = SamplingParams(max_new_tokens=10, temperature=0.0)
     base = dict(SMOLLM2_ENGINE, chunk_size=256, params=smollm2.params,
                 model_config=smollm2.cfg, tokenizer=smollm2.tokenizer)
     ids = [smollm2.tokenizer(p).input_ids for p in smol_prompts]
     ref = sequential_reference(base, ids, sp)
     for name, extra in SMOL_PATHS.items():
+        shared_steps.clear()
         with Engine(**dict(base, **extra)) as e:
             got = [o.token_ids for o in e.generate(ids, sp)]
             e.check_integrity()
             if name == "cache+overlap":
                 assert e.stats()["cache_hit_rate"] > 0.3, "the system prompt was not reused"
         assert_same_or_near_tie(got, ref, ids, smollm2.cfg, smollm2.params)
+        assert max(shared_steps) >= SHARED_PREFIX_MIN, (name, shared_steps)
 
 
-def test_mla_model_paths_match_sequential(tiny_model_dir) -> None:
+def test_mla_model_paths_match_sequential(tiny_model_dir, shared_steps) -> None:
     """DeepSeek-V3 (MLA latent pool, shared experts) through the engine: pages of 16,
     chunks of 8 tokens, a retraction every 2 decode steps, the radix cache and overlap,
     in one engine, against the sequential cache-off reference (same page size and
     buckets, so the two engines share their compiled programs)."""
     m = load_model(tiny_model_dir("deepseek_v3"), load_tokenizer=False)
     rng = np.random.default_rng(2)
-    shared = list(rng.integers(3, 200, 35))
+    shared = list(rng.integers(3, 200, SHARED_PREFIX_MIN + 6))
     prompts = [list(rng.integers(3, 200, n)) for n in (4, 27, 12)]
     prompts += [shared + list(rng.integers(3, 200, k)) for k in (5, 9)]
     kw = dict(num_slots=1024, max_running=8, max_context=96, max_prefill_tokens=16,
               chunk_size=8, page_size=16, warmup=False, params=m.params, model_config=m.cfg)
     ref = sequential_reference(kw, prompts, SP)
+    shared_steps.clear()
     with Engine(**dict(kw, retract_every=2)) as e:
         got = [o.token_ids for o in e.generate(prompts, SP)]
         e.check_integrity()
         stats = e.stats()
     assert_same_or_near_tie(got, ref, prompts, m.cfg, m.params)
     assert stats["num_retractions"] > 0 and stats["cache_hit_rate"] > 0
+    assert max(shared_steps) >= SHARED_PREFIX_MIN, shared_steps

@@ -18,6 +18,7 @@ from radixjax.model.native_attention import (
     native_attention,
     uses_block_diagonal,
 )
+from radixjax.runtime.batch import SHARED_PREFIX_MIN, RequestSlice, shared_prefix_lens
 
 
 def numpy_decode(q, k_pool, v_pool, slots, window):
@@ -68,6 +69,107 @@ def test_decode_matches_numpy(num_kv_heads: int, window: int | None, block_k: in
     for i, r in enumerate(rows):
         ref = numpy_decode(q[i], k_pool, v_pool, r, window)
         np.testing.assert_allclose(np.asarray(out[i]), ref, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("num_kv_heads", [2, BLOCK_DIAGONAL_MAX_KV_HEADS + 4])
+@pytest.mark.parametrize("window", [None, 7, 400])
+def test_decode_with_shared_prefix_matches_numpy(num_kv_heads: int,
+                                                 window: int | None) -> None:
+    """Three requests share a 600-key prefix (the same slots), read once by the shared
+    pass; a fourth has its own keys; a fifth shares the prefix's slots but is not in the
+    group (shared_len 0: it reads them itself). Each gets plain attention over its keys."""
+    rng = np.random.default_rng(num_kv_heads + (window or 0))
+    group, dh, num_slots = 2, 8, 3000
+    k_pool = rng.standard_normal((num_slots, num_kv_heads, dh)).astype(np.float32)
+    v_pool = rng.standard_normal((num_slots, num_kv_heads, dh)).astype(np.float32)
+    perm = iter(rng.permutation(np.arange(1, num_slots)).tolist())
+    take = lambda n: np.array([next(perm) for _ in range(n)], np.int32)  # noqa: E731
+    prefix = take(600)
+    rows = [np.concatenate([prefix, take(n)]) for n in (1, 40, 700)] + [take(90)]
+    rows.append(np.concatenate([prefix, take(5)]))
+    shared_len = [600, 600, 600, 0, 0]
+    b = len(rows)
+    table = np.zeros((b + 1, TABLE_ALIGN * 3), np.int32)
+    for i, r in enumerate(rows):
+        table[i, :len(r)] = r
+    q = rng.standard_normal((b, num_kv_heads * group, dh)).astype(np.float32)
+    i32 = lambda x: jnp.asarray(np.asarray(x, np.int32))  # noqa: E731
+    md = AttentionMetadata(
+        positions=i32([len(r) - 1 for r in rows]), out_slots=i32([r[-1] for r in rows]),
+        token_req=i32(range(b)), q_start=i32(range(b)), q_len=i32([1] * b),
+        kv_len=i32([len(r) for r in rows]), req_row=i32(range(b)),
+        req_to_token=jnp.asarray(table), shared_len=i32(shared_len))
+    last = [r[-1] for r in rows]
+    out, _, _ = native_attention(jnp.asarray(q), jnp.asarray(k_pool[last]),
+                                 jnp.asarray(v_pool[last]), jnp.asarray(k_pool),
+                                 jnp.asarray(v_pool), md, window, dh**-0.5)
+    for i, r in enumerate(rows):
+        ref = numpy_decode(q[i], k_pool, v_pool, r, window)
+        np.testing.assert_allclose(np.asarray(out[i]), ref, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("num_kv_heads", [2, BLOCK_DIAGONAL_MAX_KV_HEADS + 4])
+@pytest.mark.parametrize("window", [None, 7, 400])
+def test_extend_with_shared_prefix_matches_numpy(num_kv_heads: int,
+                                                 window: int | None) -> None:
+    """A mixed step: two extend requests (one over two query tiles) and a decode request
+    on a 300-key cached prefix they share, and an extend request of its own; every new
+    token gets causal attention over its request's keys."""
+    rng = np.random.default_rng(num_kv_heads + (window or 0))
+    group, dh, num_slots = 2, 8, 2000
+    k_pool = rng.standard_normal((num_slots, num_kv_heads, dh)).astype(np.float32)
+    v_pool = rng.standard_normal((num_slots, num_kv_heads, dh)).astype(np.float32)
+    perm = iter(rng.permutation(np.arange(1, num_slots)).tolist())
+    take = lambda n: np.array([next(perm) for _ in range(n)], np.int32)  # noqa: E731
+    prefix = take(300)
+    rows = [np.concatenate([prefix, take(n)]) for n in (10 + 50, 130, 1)] + [take(70)]
+    q_lens = [50, 130, 1, 30]
+    shared_len = [300, 300, 300, 0]
+    b, t = len(rows), sum(q_lens)
+    table = np.zeros((b + 1, TABLE_ALIGN), np.int32)
+    for i, r in enumerate(rows):
+        table[i, :len(r)] = r
+    q = rng.standard_normal((t, num_kv_heads * group, dh)).astype(np.float32)
+    starts = np.cumsum([0] + q_lens[:-1])
+    new = np.concatenate([r[len(r) - n:] for r, n in zip(rows, q_lens, strict=True)])
+    pos = np.concatenate([np.arange(len(r) - n, len(r)) for r, n in zip(rows, q_lens,
+                                                                          strict=True)])
+    i32 = lambda x: jnp.asarray(np.asarray(x, np.int32))  # noqa: E731
+    md = AttentionMetadata(
+        positions=i32(pos), out_slots=i32(new), token_req=i32(np.repeat(range(b), q_lens)),
+        q_start=i32(starts), q_len=i32(q_lens), kv_len=i32([len(r) for r in rows]),
+        req_row=i32(range(b)), req_to_token=jnp.asarray(table), shared_len=i32(shared_len))
+    out, _, _ = native_attention(jnp.asarray(q), jnp.asarray(k_pool[new]),
+                                 jnp.asarray(v_pool[new]), jnp.asarray(k_pool),
+                                 jnp.asarray(v_pool), md, window, dh**-0.5)
+    for i in range(t):
+        r = rows[np.searchsorted(starts, i, side="right") - 1]
+        ref = numpy_decode(q[i], k_pool, v_pool, r[:pos[i] + 1], window)
+        np.testing.assert_allclose(np.asarray(out[i]), ref, rtol=2e-5, atol=2e-5)
+
+
+def _slice(slots: list[int], q_len: int = 1) -> RequestSlice:
+    return RequestSlice(np.zeros(q_len, np.int32), np.asarray(slots, np.int32))
+
+
+def test_shared_prefix_is_the_largest_groups_common_run() -> None:
+    """The requests starting at the most common first slot form the group; their common
+    run of cached slots from position 0 (never a new token's) is the prefix, if at least
+    SHARED_PREFIX_MIN long."""
+    n = SHARED_PREFIX_MIN
+    p = list(range(100, 100 + n + 10))
+    reqs = [_slice(p + [1]), _slice(p[:n + 3] + [2, 3]), _slice([7] * (n + 20)),
+            _slice(p + [4, 5, 6], q_len=3), _slice(p[:n + 5] + [5])]
+    assert shared_prefix_lens(reqs).tolist() == [n + 3, n + 3, 0, n + 3, n + 3]
+    # an extend request's new tokens are not part of it, even where the slots match
+    ext = [_slice(p + [1]), _slice(p, q_len=len(p) - n)]
+    assert shared_prefix_lens(ext).tolist() == [n, n]
+    short = [_slice(p[:n - 1] + [1]), _slice(p[:n - 1] + [2])]
+    assert shared_prefix_lens(short).tolist() == [0, 0]
+    assert shared_prefix_lens([_slice(p + [1]), _slice([9] + p)]).tolist() == [0, 0]
+    # a request whose whole context is the prefix shares all but its own new token
+    assert shared_prefix_lens([_slice(p), _slice(p + [1, 2])]).tolist() == [len(p) - 1] * 2
+    assert shared_prefix_lens([_slice(p, q_len=len(p)), _slice(p + [1])]).tolist() == [0, 0]
 
 
 def test_decode_form_follows_kv_heads_and_batch() -> None:

@@ -43,6 +43,10 @@ class AttentionMetadata(NamedTuple):
     req_row: jax.Array  # [B] int32, the request's row of req_to_token (padding: spare row)
     req_to_token: jax.Array  # [R, C] int32 device table, C a multiple of TABLE_ALIGN
     layer_base: jax.Array | int = 0  # [] int32, pool row of this layer's slot 0 (per layer)
+    # [B] int32: positions 0 .. shared_len[b]-1 of request b are the step's shared prefix,
+    # the same slots in every request where this is > 0 (all such values are equal);
+    # 0: none. A decode step reads those keys once for all of them (native backend).
+    shared_len: jax.Array | None = None
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ context and one program serves every context length.
 Two paths run in every step, each over its own requests (the other's are masked out):
 
     decode  (q_len == 1): batched over B; a loop over key blocks up to the longest such
-            request:   q [B, Hkv, G, Dh] x keys [B, BK, Hkv, Dh] per block
+            request:   q [B, Hkv, G, Dh] x keys [B, BK, Hkv, Dh] per block, after a
+            loop over the step's shared prefix (md.shared_len; the radix cache's
+            common system prompt), read once:  q [B, Hkv, G, Dh] x keys [BK, Hkv, Dh]
     extend  (q_len > 1):  one request at a time; its tokens in query blocks of BQ, each
             a loop over key blocks up to the block's last position (causal: blocks past
             it are never read) and from its window's start
@@ -41,9 +43,10 @@ from radixjax.model.attention import (
 # 138 ms, the loop's per-step cost). benchmarks/README.md, decode key blocks.
 DECODE_BLOCK_ROWS = 2048
 DECODE_MIN_BLOCK_K, DECODE_MAX_BLOCK_K = 32, 256
+SHARED_BLOCK_K = 256  # keys per step of the shared-prefix pass
 EXTEND_BLOCK_Q = 128  # query tokens per extend tile
 EXTEND_BLOCK_K = 256  # keys per extend loop step
-assert TABLE_ALIGN % DECODE_MAX_BLOCK_K == 0 and TABLE_ALIGN % EXTEND_BLOCK_K == 0
+assert all(TABLE_ALIGN % k == 0 for k in (DECODE_MAX_BLOCK_K, EXTEND_BLOCK_K, SHARED_BLOCK_K))
 
 
 def decode_block_k(batch: int) -> int:
@@ -86,6 +89,47 @@ def _finish(carry: tuple) -> jax.Array:
     return acc / jnp.maximum(denom, 1e-30)[..., None]  # 0: no key was read (unused row)
 
 
+# slots [BK] (with layer_base) -> (k [BK, Hkv, Dk], v [BK, Hkv, Dv]) f32: one key block
+KeySource = Callable[[jax.Array], tuple[jax.Array, jax.Array]]
+
+
+def pool_keys(k_pool: jax.Array, v_pool: jax.Array) -> KeySource:
+    return lambda slots: (gather_rows(k_pool, slots), gather_rows(v_pool, slots))
+
+
+def shared_prefix_pass(q: jax.Array, keys: KeySource, v_dim: int, md: AttentionMetadata,
+                       prefix_len: jax.Array, q_pos: jax.Array, window: int | None) -> tuple:
+    """The step's shared prefix (md.shared_len), read once for every query row that has
+    it: q [R, Hkv, G, Dk] (scaled), prefix_len [R] (the row's keys 0 .. prefix_len-1 are
+    the prefix; 0: none), q_pos [R] (the row's position, for the window) -> the online
+    softmax carry (m [R, Hkv, G], denom [R, Hkv, G], acc [R, Hkv, G, Dv]) over those
+    keys, in blocks of SHARED_BLOCK_K: per KV head one GEMM, [R * G, Dk] x [Dk, BK]."""
+    rows, num_kv_heads, group, head_dim = q.shape
+    qh = q.transpose(1, 0, 2, 3).reshape(num_kv_heads, rows * group, head_dim)
+    # every sharing request's row holds the prefix (none: the loop below never runs)
+    table_row = md.req_row[0 if md.shared_len is None else jnp.argmax(md.shared_len)]
+
+    def body(j: jax.Array, carry: tuple) -> tuple:
+        cols = j * SHARED_BLOCK_K + jnp.arange(SHARED_BLOCK_K, dtype=jnp.int32)  # [BK]
+        k, v = keys(md.req_to_token[table_row, cols] + md.layer_base)  # [BK, Hkv, D]
+        s = jnp.einsum("hqd,khd->hqk", qh, k).reshape(num_kv_heads, rows, group, -1)
+        valid = cols[None, :] < prefix_len[:, None]  # [R, BK]
+        if window is not None:
+            valid &= cols[None, :] > q_pos[:, None] - window
+        s = jnp.where(valid[None, :, None, :], s, MASK_VALUE)  # [Hkv, R, G, BK]
+        return _softmax_step(carry, s, v, "hrgk,khd->hrgd")
+
+    hi = (jnp.max(prefix_len) + SHARED_BLOCK_K - 1) // SHARED_BLOCK_K
+    carry = lax.fori_loop(0, hi, body, _init((num_kv_heads, rows, group), v_dim))
+    return tuple(x.swapaxes(0, 1) for x in carry)
+
+
+def _shared_len(md: AttentionMetadata, rows: jax.Array) -> jax.Array:
+    """[B] bool rows -> [B] each such request's shared prefix (0 elsewhere)."""
+    return jnp.zeros_like(md.q_len) if md.shared_len is None else \
+        jnp.where(rows, md.shared_len, 0)
+
+
 BLOCK_DIAGONAL_MAX_KV_HEADS = 4  # decode: one GEMM over all KV heads up to this many
 # ... and below this many requests: at B = 64 the per-head form's decode step ran ~17 %
 # faster for SmolLM2 (764 / 794 vs 951 / 922 ms, two runs, context 512); at B <= 32 the
@@ -100,10 +144,12 @@ def uses_block_diagonal(num_kv_heads: int, batch: int) -> bool:
 def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
                      md: AttentionMetadata, window: int | None) -> jax.Array:
     """q [T, Hq, Dh] (scaled) -> [B, Hq, Dh]: each q_len == 1 request's one token over
-    its keys, in blocks of decode_block_k(B) keys; other rows are garbage.
+    its keys: the shared prefix's once for all (shared_prefix_pass), then each request's
+    own from where its prefix ends, in blocks of decode_block_k(B) keys; other rows are
+    garbage.
 
-    With few KV heads the keys are not split per head: every query head scores the whole
-    gathered row [Hkv * Dh] against a block-diagonal query (zero outside its own KV
+    With few KV heads the own keys are not split per head: every query head scores the
+    whole gathered row [Hkv * Dh] against a block-diagonal query (zero outside its own KV
     head), so each block is two plain batched GEMMs, [Hq, Hkv*Dh] x [Hkv*Dh, BK] and
     back; the Hkv-fold wasted products cost less than XLA's CPU dot over tiny per-head
     batches (SmolLM2, Hkv = 3: 2.5x faster per layer at 4k keys, benchmarks/README.md),
@@ -115,23 +161,24 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
     block_k = decode_block_k(b)
     is_decode = md.q_len == 1
     kv_len = jnp.where(is_decode, md.kv_len, 0)  # [B]
+    shared = _shared_len(md, is_decode)  # [B]
     qd = q[jnp.clip(md.q_start, 0, num_tokens - 1)].reshape(b, num_kv_heads, group, head_dim)
-    hi = (jnp.max(kv_len) + block_k - 1) // block_k
-    lo = 0
-    if window is not None:  # keys > pos - window, pos = kv_len - 1
-        first = jnp.where(is_decode, jnp.maximum(kv_len - window, 0), jnp.iinfo(jnp.int32).max)
-        lo = jnp.minimum(jnp.min(first) // block_k, hi)
+    m, denom, acc = shared_prefix_pass(qd, pool_keys(k_pool, v_pool), head_dim, md, shared,
+                                       kv_len - 1, window)
     block_diagonal = uses_block_diagonal(num_kv_heads, b)
     if block_diagonal:
         eye = jnp.eye(num_kv_heads, dtype=jnp.float32)[:, None, :, None]  # [Hkv, 1, Hkv, 1]
         width = num_kv_heads * head_dim
         # [B, Hq, Hkv * Dh]: query head (h, g) is zero outside KV head h's columns
         qbd = (eye * qd[:, :, :, None, :]).reshape(b, num_q_heads, width)
+        # the carry in the same form: acc zero outside its own head's columns
+        acc = (eye * acc[:, :, :, None, :]).reshape(b, num_q_heads, width)
+        m, denom = m.reshape(b, num_q_heads), denom.reshape(b, num_q_heads)
 
     def body(j: jax.Array, carry: tuple) -> tuple:
         cols = j * block_k + jnp.arange(block_k, dtype=jnp.int32)  # [BK]
         slots = md.req_to_token[md.req_row[:, None], cols[None, :]] + md.layer_base  # [B, BK]
-        valid = cols[None, :] < kv_len[:, None]  # [B, BK]
+        valid = (cols[None, :] >= shared[:, None]) & (cols[None, :] < kv_len[:, None])
         if window is not None:
             valid &= cols[None, :] >= kv_len[:, None] - window
         if block_diagonal:
@@ -144,34 +191,37 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
         s = jnp.where(valid[:, None, None, :], s, MASK_VALUE)
         return _softmax_step(carry, s, v, "bhgk,bkhd->bhgd")
 
+    # each request's first own key (past its shared prefix and its window's start)
+    first = shared if window is None else jnp.maximum(shared, kv_len - window)
+    first = jnp.where(is_decode, first, jnp.iinfo(jnp.int32).max)
+    hi = (jnp.max(kv_len) + block_k - 1) // block_k
+    lo = jnp.minimum(jnp.min(first) // block_k, hi)
+    out = _finish(lax.fori_loop(lo, hi, body, (m, denom, acc)))
     if block_diagonal:
-        out = _finish(lax.fori_loop(lo, hi, body, _init((b, num_q_heads), width)))
         out = out.reshape(b, num_kv_heads, group, num_kv_heads, head_dim)
-        return (out * eye).sum(axis=3).reshape(b, num_q_heads, head_dim)  # own head's block
-    carry = lax.fori_loop(lo, hi, body, _init((b, num_kv_heads, group), head_dim))
-    return _finish(carry).reshape(b, num_q_heads, head_dim)
-
-
-# slots [BK] (with layer_base) -> (k [BK, Hkv, Dk], v [BK, Hkv, Dv]) f32: one key block
-KeySource = Callable[[jax.Array], tuple[jax.Array, jax.Array]]
-
-
-def pool_keys(k_pool: jax.Array, v_pool: jax.Array) -> KeySource:
-    return lambda slots: (gather_rows(k_pool, slots), gather_rows(v_pool, slots))
+        out = (out * eye).sum(axis=3)  # own head's block
+    return out.reshape(b, num_q_heads, head_dim)
 
 
 def extend_attention(q: jax.Array, keys: KeySource, num_kv_heads: int, v_dim: int,
                      md: AttentionMetadata, window: int | None, block_q: int, block_k: int,
                      min_q_len: int = 2) -> jax.Array:
     """q [T, Hq, Dk] (scaled) -> [T, Hq, Dv]: the tokens of requests with
-    q_len >= min_q_len; other rows are garbage. Requests go in packed order, so a tile's
-    rows past its request's end are overwritten by the next extend request's tiles."""
+    q_len >= min_q_len; other rows are garbage. The shared prefix (cached, so visible to
+    every new token of its requests) first, for all tokens at once (shared_prefix_pass);
+    then requests go in packed order, a tile's rows past its request's end overwritten by
+    the next extend request's tiles."""
     num_tokens, num_q_heads, head_dim = q.shape
     group = num_q_heads // num_kv_heads
     b = md.q_len.shape[0]
-    qp = jnp.pad(q, ((0, block_q), (0, 0), (0, 0)))  # a tile never runs off the end
-    qp = qp.reshape(num_tokens + block_q, num_kv_heads, group, head_dim)
     is_extend = md.q_len >= min_q_len
+    shared = _shared_len(md, is_extend)  # [B]
+    q4 = q.reshape(num_tokens, num_kv_heads, group, head_dim)
+    carry = shared_prefix_pass(q4, keys, v_dim, md, shared[md.token_req], md.positions, window)
+    # [Hkv, G, T + BQ(, Dv)]: the extend tiles' layout; a tile never runs off the end
+    m, denom, acc = (jnp.pad(jnp.moveaxis(x, 0, 2), [(0, 0)] * 2 + [(0, block_q)]
+                             + [(0, 0)] * (x.ndim - 3)) for x in carry)
+    qp = jnp.pad(q4, ((0, block_q), (0, 0), (0, 0), (0, 0)))
     (ids,) = jnp.nonzero(is_extend, size=b, fill_value=0)  # extend requests, in order
 
     def per_request(i: jax.Array, out: jax.Array) -> jax.Array:
@@ -185,7 +235,10 @@ def extend_attention(q: jax.Array, keys: KeySource, num_kv_heads: int, v_dim: in
             q_pos = first_pos + qb * block_q + jnp.arange(block_q, dtype=jnp.int32)
             end = jnp.minimum(q_pos[-1] + 1, kv_len)  # keys the tile can see: < end
             hi = (end + block_k - 1) // block_k
-            lo = 0 if window is None else jnp.maximum(q_pos[0] - window + 1, 0) // block_k
+            first = shared[r]
+            if window is not None:
+                first = jnp.maximum(first, q_pos[0] - window + 1)
+            lo = jnp.minimum(first // block_k, hi)
 
             def body(j: jax.Array, carry: tuple) -> tuple:
                 k_pos = j * block_k + jnp.arange(block_k, dtype=jnp.int32)  # [BK]
@@ -194,12 +247,15 @@ def extend_attention(q: jax.Array, keys: KeySource, num_kv_heads: int, v_dim: in
                 k, v = keys(slots)  # [BK, Hkv, Dk], [BK, Hkv, Dv]
                 s = jnp.einsum("qhgd,khd->hgqk", qt, k)  # [Hkv, G, BQ, BK]
                 valid = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < kv_len)
+                valid &= k_pos[None, :] >= shared[r]
                 if window is not None:
                     valid &= k_pos[None, :] > q_pos[:, None] - window
                 s = jnp.where(valid, s, MASK_VALUE)
                 return _softmax_step(carry, s, v, "hgqk,khd->hgqd")
 
-            carry = lax.fori_loop(lo, hi, body, _init((num_kv_heads, group, block_q), v_dim))
+            init = tuple(lax.dynamic_slice_in_dim(x, off, block_q, axis=2)
+                         for x in (m, denom, acc))  # the shared prefix's part
+            carry = lax.fori_loop(lo, hi, body, init)
             tile = _finish(carry).transpose(2, 0, 1, 3)  # [BQ, Hkv, G, Dv]
             return lax.dynamic_update_slice_in_dim(out, tile, off, axis=0)
 

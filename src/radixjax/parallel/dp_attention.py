@@ -46,7 +46,8 @@ def shard_tokens(x: jax.Array, layout: Layout | None) -> jax.Array:
 def md_specs(axes: tuple[str, ...]) -> AttentionMetadata:
     """shard_map specs of the metadata: per-token and per-request arrays split into the
     ranks' chunks, the table and the layer base whole."""
-    return AttentionMetadata(*(P(axes),) * 7, req_to_token=P(), layer_base=P())
+    return AttentionMetadata(*(P(axes),) * 7, req_to_token=P(), layer_base=P(),
+                             shared_len=P(axes))
 
 
 def local_md(md: AttentionMetadata, axes: tuple[str, ...], num_layers: int,

@@ -120,6 +120,33 @@ class HostBatch(NamedTuple):
     scores: PromptScores | None = None  # None: nothing scored
 
 
+SHARED_PREFIX_MIN = 64  # shorter common prefixes are read per request (not worth a pass)
+
+
+def shared_prefix_lens(reqs: list[RequestSlice]) -> np.ndarray:
+    """[len(reqs)] int32: each request's share of the step's shared prefix (0: none),
+    the run of slots from position 0 that a group of requests holds in common in their
+    cached parts (positions before their new tokens; radix-cached prefixes are the same
+    slots). The group: the requests whose first cached slot is the most common one; the
+    prefix counts only if it is at least SHARED_PREFIX_MIN long."""
+    out = np.zeros(len(reqs), np.int32)
+    cached = [np.asarray(r.kv_slots[: len(r.kv_slots) - len(r.new_tokens)]) for r in reqs]
+    firsts = np.array([c[0] if len(c) else -1 for c in cached])
+    values, counts = np.unique(firsts[firsts >= 0], return_counts=True)
+    if not len(counts) or counts.max() < 2:
+        return out
+    (group,) = np.nonzero(firsts == values[counts.argmax()])
+    base = cached[group[0]]
+    length = len(base)
+    for i in group[1:]:
+        n = min(length, len(cached[i]))
+        differ = np.flatnonzero(base[:n] != cached[i][:n])
+        length = int(differ[0]) if differ.size else n
+    if length >= SHARED_PREFIX_MIN:
+        out[group] = length
+    return out
+
+
 def build_batch(reqs: list[RequestSlice], buckets: Buckets) -> HostBatch:
     """Pack and pad. Request rows are 0 .. max_reqs-1; row max_reqs is the spare row that
     padded requests and tokens point at (the runner's tables have max_reqs + 1 rows)."""
@@ -171,7 +198,9 @@ def build_batch(reqs: list[RequestSlice], buckets: Buckets) -> HostBatch:
         count_sampled[i] = r.count_sampled
         start = end
     q_start[len(reqs) :] = start  # padded requests: empty range at the end
+    shared_len = np.zeros(b, np.int32)
+    shared_len[: len(reqs)] = shared_prefix_lens(reqs)
     md = AttentionMetadata(positions, out_slots, token_req, q_start, q_len, kv_len, req_row,
-                           None)
+                           None, shared_len=shared_len)
     src = TokenSource(use_last, token_row, req_row, count_input, reset_row, count_sampled)
     return HostBatch(input_ids, md, shape, len(reqs), src, tuple(syncs))

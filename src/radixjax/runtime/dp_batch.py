@@ -52,7 +52,7 @@ def _pad(a: np.ndarray, n: int, value: object) -> np.ndarray:
 def _idle(spare_row: int) -> HostBatch:
     """A rank with nothing to run: no tokens, no requests (padding fills it)."""
     z = np.zeros(0, np.int32)
-    md = AttentionMetadata(z, z, z, z, z, z, z, None)
+    md = AttentionMetadata(z, z, z, z, z, z, z, None, shared_len=z)
     src = TokenSource(np.zeros(0, bool), z, z, np.zeros(0, bool), np.zeros(0, bool),
                       np.zeros(0, bool))
     return HostBatch(z, md, BatchShape(0, 0), 0, src)
@@ -72,6 +72,7 @@ def _pad_batch(h: HostBatch, tl: int, bl: int, spare: int, rank: int,
         kv_len=_pad(md.kv_len, bl, 0),
         req_row=_pad(md.req_row, bl, spare) + row_offset,
         req_to_token=None,
+        shared_len=_pad(md.shared_len, bl, 0),  # the rank's own (its own pool's slots)
     )
     src = TokenSource(
         use_last=_pad(src.use_last, tl, False),
@@ -104,7 +105,8 @@ def merge_rank_steps(steps: list[RankStep], buckets: Buckets, rows_per_rank: int
     def cat(get) -> np.ndarray:
         return np.concatenate([get(h) for h in padded])
 
-    md = AttentionMetadata(*(cat(lambda h, i=i: h.md[i]) for i in range(7)), None)
+    md = AttentionMetadata(*(cat(lambda h, i=i: h.md[i]) for i in range(7)), None,
+                           shared_len=cat(lambda h: h.md.shared_len))
     src = TokenSource(*(cat(lambda h, i=i: h.src[i]) for i in range(len(TokenSource._fields))))
     scores = None
     if any(h.scores is not None for h in padded):

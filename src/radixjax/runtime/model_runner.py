@@ -400,6 +400,7 @@ def _padding_batch(shape: BatchShape, spare_row: int) -> HostBatch:
     md = AttentionMetadata(
         positions=z(t), out_slots=np.full(t, DUMMY_SLOT, np.int32), token_req=z(t),
         q_start=z(b), q_len=z(b), kv_len=z(b), req_row=rows, req_to_token=None,
+        shared_len=z(b),
     )
     src = TokenSource(np.zeros(t, bool), np.full(t, spare_row, np.int32), rows,
                       np.zeros(t, bool), np.zeros(b, bool), np.zeros(b, bool))
