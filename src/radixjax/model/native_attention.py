@@ -43,10 +43,14 @@ from radixjax.model.attention import (
 # 138 ms, the loop's per-step cost). benchmarks/README.md, decode key blocks.
 DECODE_BLOCK_ROWS = 2048
 DECODE_MIN_BLOCK_K, DECODE_MAX_BLOCK_K = 32, 256
-SHARED_BLOCK_K = 256  # keys per step of the shared-prefix pass
+# keys per step of the shared-prefix pass in decode (B rows); extend's (T rows) is
+# EXTEND_BLOCK_K. Decode, SmolLM2 w8a8 (800 shared keys): 512 vs 256 keys B = 32
+# 175 vs 208 ms/step, B = 8 within noise (benchmarks/README.md, shared-prefix pass)
+SHARED_DECODE_BLOCK_K = 512
 EXTEND_BLOCK_Q = 128  # query tokens per extend tile
 EXTEND_BLOCK_K = 256  # keys per extend loop step
-assert all(TABLE_ALIGN % k == 0 for k in (DECODE_MAX_BLOCK_K, EXTEND_BLOCK_K, SHARED_BLOCK_K))
+assert all(TABLE_ALIGN % k == 0 for k in (DECODE_MAX_BLOCK_K, EXTEND_BLOCK_K,
+                                        SHARED_DECODE_BLOCK_K))
 
 
 def decode_block_k(batch: int) -> int:
@@ -98,19 +102,20 @@ def pool_keys(k_pool: jax.Array, v_pool: jax.Array) -> KeySource:
 
 
 def shared_prefix_pass(q: jax.Array, keys: KeySource, v_dim: int, md: AttentionMetadata,
-                       prefix_len: jax.Array, q_pos: jax.Array, window: int | None) -> tuple:
+                       prefix_len: jax.Array, q_pos: jax.Array, window: int | None,
+                       block_k: int) -> tuple:
     """The step's shared prefix (md.shared_len), read once for every query row that has
     it: q [R, Hkv, G, Dk] (scaled), prefix_len [R] (the row's keys 0 .. prefix_len-1 are
     the prefix; 0: none), q_pos [R] (the row's position, for the window) -> the online
     softmax carry (m [R, Hkv, G], denom [R, Hkv, G], acc [R, Hkv, G, Dv]) over those
-    keys, in blocks of SHARED_BLOCK_K: per KV head one GEMM, [R * G, Dk] x [Dk, BK]."""
+    keys, in blocks of block_k: per KV head one GEMM, [R * G, Dk] x [Dk, BK]."""
     rows, num_kv_heads, group, head_dim = q.shape
     qh = q.transpose(1, 0, 2, 3).reshape(num_kv_heads, rows * group, head_dim)
     # every sharing request's row holds the prefix (none: the loop below never runs)
     table_row = md.req_row[0 if md.shared_len is None else jnp.argmax(md.shared_len)]
 
     def body(j: jax.Array, carry: tuple) -> tuple:
-        cols = j * SHARED_BLOCK_K + jnp.arange(SHARED_BLOCK_K, dtype=jnp.int32)  # [BK]
+        cols = j * block_k + jnp.arange(block_k, dtype=jnp.int32)  # [BK]
         k, v = keys(md.req_to_token[table_row, cols] + md.layer_base)  # [BK, Hkv, D]
         s = jnp.einsum("hqd,khd->hqk", qh, k).reshape(num_kv_heads, rows, group, -1)
         valid = cols[None, :] < prefix_len[:, None]  # [R, BK]
@@ -119,7 +124,7 @@ def shared_prefix_pass(q: jax.Array, keys: KeySource, v_dim: int, md: AttentionM
         s = jnp.where(valid[None, :, None, :], s, MASK_VALUE)  # [Hkv, R, G, BK]
         return _softmax_step(carry, s, v, "hrgk,khd->hrgd")
 
-    hi = (jnp.max(prefix_len) + SHARED_BLOCK_K - 1) // SHARED_BLOCK_K
+    hi = (jnp.max(prefix_len) + block_k - 1) // block_k
     carry = lax.fori_loop(0, hi, body, _init((num_kv_heads, rows, group), v_dim))
     return tuple(x.swapaxes(0, 1) for x in carry)
 
@@ -164,7 +169,7 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
     shared = _shared_len(md, is_decode)  # [B]
     qd = q[jnp.clip(md.q_start, 0, num_tokens - 1)].reshape(b, num_kv_heads, group, head_dim)
     m, denom, acc = shared_prefix_pass(qd, pool_keys(k_pool, v_pool), head_dim, md, shared,
-                                       kv_len - 1, window)
+                                       kv_len - 1, window, SHARED_DECODE_BLOCK_K)
     block_diagonal = uses_block_diagonal(num_kv_heads, b)
     if block_diagonal:
         eye = jnp.eye(num_kv_heads, dtype=jnp.float32)[:, None, :, None]  # [Hkv, 1, Hkv, 1]
@@ -217,7 +222,8 @@ def extend_attention(q: jax.Array, keys: KeySource, num_kv_heads: int, v_dim: in
     is_extend = md.q_len >= min_q_len
     shared = _shared_len(md, is_extend)  # [B]
     q4 = q.reshape(num_tokens, num_kv_heads, group, head_dim)
-    carry = shared_prefix_pass(q4, keys, v_dim, md, shared[md.token_req], md.positions, window)
+    carry = shared_prefix_pass(q4, keys, v_dim, md, shared[md.token_req], md.positions, window,
+                               block_k)
     # [Hkv, G, T + BQ(, Dv)]: the extend tiles' layout; a tile never runs off the end
     m, denom, acc = (jnp.pad(jnp.moveaxis(x, 0, 2), [(0, 0)] * 2 + [(0, block_q)]
                              + [(0, 0)] * (x.ndim - 3)) for x in carry)
