@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from radixjax.model import native_attention as na
-from radixjax.model.attention import TABLE_ALIGN, AttentionMetadata
+from radixjax.model.attention import SHARED_PREFIX_MIN_BATCH, TABLE_ALIGN, AttentionMetadata
 from radixjax.model.native_attention import (
     BLOCK_DIAGONAL_MAX_KV_HEADS,
     DECODE_MAX_BLOCK_K,
@@ -18,7 +18,13 @@ from radixjax.model.native_attention import (
     native_attention,
     uses_block_diagonal,
 )
-from radixjax.runtime.batch import SHARED_PREFIX_MIN, RequestSlice, shared_prefix_lens
+from radixjax.runtime.batch import (
+    SHARED_PREFIX_MIN,
+    Buckets,
+    RequestSlice,
+    build_batch,
+    shared_prefix_lens,
+)
 
 
 def numpy_decode(q, k_pool, v_pool, slots, window):
@@ -88,18 +94,19 @@ def test_decode_with_shared_prefix_matches_numpy(num_kv_heads: int,
     rows = [np.concatenate([prefix, take(n)]) for n in (1, 40, 700)] + [take(90)]
     rows.append(np.concatenate([prefix, take(5)]))
     shared_len = [600, 600, 600, 0, 0]
-    b = len(rows)
+    b, pad = len(rows), SHARED_PREFIX_MIN_BATCH - len(rows)  # padded requests: the rest
     table = np.zeros((b + 1, TABLE_ALIGN * 3), np.int32)
     for i, r in enumerate(rows):
         table[i, :len(r)] = r
-    q = rng.standard_normal((b, num_kv_heads * group, dh)).astype(np.float32)
+    q = rng.standard_normal((b + pad, num_kv_heads * group, dh)).astype(np.float32)
     i32 = lambda x: jnp.asarray(np.asarray(x, np.int32))  # noqa: E731
     md = AttentionMetadata(
-        positions=i32([len(r) - 1 for r in rows]), out_slots=i32([r[-1] for r in rows]),
-        token_req=i32(range(b)), q_start=i32(range(b)), q_len=i32([1] * b),
-        kv_len=i32([len(r) for r in rows]), req_row=i32(range(b)),
-        req_to_token=jnp.asarray(table), shared_len=i32(shared_len))
-    last = [r[-1] for r in rows]
+        positions=i32([len(r) - 1 for r in rows] + [0] * pad),
+        out_slots=i32([r[-1] for r in rows] + [0] * pad), token_req=i32(range(b + pad)),
+        q_start=i32(list(range(b)) + [b] * pad), q_len=i32([1] * b + [0] * pad),
+        kv_len=i32([len(r) for r in rows] + [0] * pad), req_row=i32([*range(b)] + [b] * pad),
+        req_to_token=jnp.asarray(table), shared_len=i32(shared_len + [0] * pad))
+    last = [r[-1] for r in rows] + [0] * pad
     out, _, _ = native_attention(jnp.asarray(q), jnp.asarray(k_pool[last]),
                                  jnp.asarray(v_pool[last]), jnp.asarray(k_pool),
                                  jnp.asarray(v_pool), md, window, dh**-0.5)
@@ -126,6 +133,7 @@ def test_extend_with_shared_prefix_matches_numpy(num_kv_heads: int,
     q_lens = [50, 130, 1, 30]
     shared_len = [300, 300, 300, 0]
     b, t = len(rows), sum(q_lens)
+    pad = SHARED_PREFIX_MIN_BATCH - b  # padded requests: empty, after the real tokens
     table = np.zeros((b + 1, TABLE_ALIGN), np.int32)
     for i, r in enumerate(rows):
         table[i, :len(r)] = r
@@ -137,8 +145,9 @@ def test_extend_with_shared_prefix_matches_numpy(num_kv_heads: int,
     i32 = lambda x: jnp.asarray(np.asarray(x, np.int32))  # noqa: E731
     md = AttentionMetadata(
         positions=i32(pos), out_slots=i32(new), token_req=i32(np.repeat(range(b), q_lens)),
-        q_start=i32(starts), q_len=i32(q_lens), kv_len=i32([len(r) for r in rows]),
-        req_row=i32(range(b)), req_to_token=jnp.asarray(table), shared_len=i32(shared_len))
+        q_start=i32([*starts] + [t] * pad), q_len=i32(q_lens + [0] * pad),
+        kv_len=i32([len(r) for r in rows] + [0] * pad), req_row=i32([*range(b)] + [b] * pad),
+        req_to_token=jnp.asarray(table), shared_len=i32(shared_len + [0] * pad))
     out, _, _ = native_attention(jnp.asarray(q), jnp.asarray(k_pool[new]),
                                  jnp.asarray(v_pool[new]), jnp.asarray(k_pool),
                                  jnp.asarray(v_pool), md, window, dh**-0.5)
@@ -170,6 +179,18 @@ def test_shared_prefix_is_the_largest_groups_common_run() -> None:
     # a request whose whole context is the prefix shares all but its own new token
     assert shared_prefix_lens([_slice(p), _slice(p + [1, 2])]).tolist() == [len(p) - 1] * 2
     assert shared_prefix_lens([_slice(p, q_len=len(p)), _slice(p + [1])]).tolist() == [0, 0]
+
+
+def test_steps_share_from_the_minimum_batch() -> None:
+    """Programs of fewer than SHARED_PREFIX_MIN_BATCH requests have no shared-prefix
+    pass, so the host shares nothing in their steps."""
+    p = list(range(100, 100 + SHARED_PREFIX_MIN + 10))
+    reqs = [_slice(p + [i]) for i in range(3)] + [_slice(p + [7] * 6, q_len=6)]  # T = 9
+    small = build_batch(reqs, Buckets.default(64, SHARED_PREFIX_MIN_BATCH // 2))
+    large = build_batch(reqs, Buckets.default(64, SHARED_PREFIX_MIN_BATCH))
+    assert small.shape.num_reqs < SHARED_PREFIX_MIN_BATCH <= large.shape.num_reqs
+    assert small.md.shared_len.tolist() == [0] * small.shape.num_reqs
+    assert large.md.shared_len[:4].tolist() == [len(p)] * 4
 
 
 def test_decode_form_follows_kv_heads_and_batch() -> None:

@@ -45,8 +45,15 @@ class AttentionMetadata(NamedTuple):
     layer_base: jax.Array | int = 0  # [] int32, pool row of this layer's slot 0 (per layer)
     # [B] int32: positions 0 .. shared_len[b]-1 of request b are the step's shared prefix,
     # the same slots in every request where this is > 0 (all such values are equal);
-    # 0: none. A decode step reads those keys once for all of them (native backend).
+    # 0: none. The native backend reads those keys once for all of them, in programs of
+    # at least SHARED_PREFIX_MIN_BATCH requests (the host leaves smaller steps at 0).
     shared_len: jax.Array | None = None
+
+
+# Steps of fewer requests read every key per request: a shared-prefix pass gains little
+# there (decode B = 4: 1.09x f32, 1.18x w8a8) and costs every program compile time
+# (~0.4 s per SmolLM2 step program; benchmarks/README.md, shared-prefix attention).
+SHARED_PREFIX_MIN_BATCH = 8
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from jax import lax
 
 from radixjax.model.attention import (
     MASK_VALUE,
+    SHARED_PREFIX_MIN_BATCH,
     TABLE_ALIGN,
     AttentionMetadata,
     write_kv,
@@ -43,14 +44,15 @@ from radixjax.model.attention import (
 # 138 ms, the loop's per-step cost). benchmarks/README.md, decode key blocks.
 DECODE_BLOCK_ROWS = 2048
 DECODE_MIN_BLOCK_K, DECODE_MAX_BLOCK_K = 32, 256
-# keys per step of the shared-prefix pass in decode (B rows); extend's (T rows) is
-# EXTEND_BLOCK_K. Decode, SmolLM2 w8a8 (800 shared keys): 512 vs 256 keys B = 32
-# 175 vs 208 ms/step, B = 8 within noise (benchmarks/README.md, shared-prefix pass)
-SHARED_DECODE_BLOCK_K = 512
+# keys per step of the shared-prefix pass: 512 for up to SHARED_SMALL_ROWS query rows
+# (decode steps), else 256 (the score block is rows x keys). SmolLM2 w8a8 decode, 800
+# shared keys: 512 vs 256 B = 32 175 vs 208 ms/step, B = 8 within noise
+# (benchmarks/README.md, shared-prefix attention)
+SHARED_SMALL_ROWS, SHARED_SMALL_BLOCK_K, SHARED_BLOCK_K = 64, 512, 256
 EXTEND_BLOCK_Q = 128  # query tokens per extend tile
 EXTEND_BLOCK_K = 256  # keys per extend loop step
 assert all(TABLE_ALIGN % k == 0 for k in (DECODE_MAX_BLOCK_K, EXTEND_BLOCK_K,
-                                        SHARED_DECODE_BLOCK_K))
+                                        SHARED_SMALL_BLOCK_K, SHARED_BLOCK_K))
 
 
 def decode_block_k(batch: int) -> int:
@@ -102,17 +104,18 @@ def pool_keys(k_pool: jax.Array, v_pool: jax.Array) -> KeySource:
 
 
 def shared_prefix_pass(q: jax.Array, keys: KeySource, v_dim: int, md: AttentionMetadata,
-                       prefix_len: jax.Array, q_pos: jax.Array, window: int | None,
-                       block_k: int) -> tuple:
+                       prefix_len: jax.Array, q_pos: jax.Array, window: int | None) -> tuple:
     """The step's shared prefix (md.shared_len), read once for every query row that has
     it: q [R, Hkv, G, Dk] (scaled), prefix_len [R] (the row's keys 0 .. prefix_len-1 are
     the prefix; 0: none), q_pos [R] (the row's position, for the window) -> the online
     softmax carry (m [R, Hkv, G], denom [R, Hkv, G], acc [R, Hkv, G, Dv]) over those
-    keys, in blocks of block_k: per KV head one GEMM, [R * G, Dk] x [Dk, BK]."""
+    keys: per KV head one GEMM per key block, [R * G, Dk] x [Dk, BK]."""
     rows, num_kv_heads, group, head_dim = q.shape
+    if md.shared_len is None:  # nothing shared: no pass in the program
+        return tuple(x.swapaxes(0, 1) for x in _init((num_kv_heads, rows, group), v_dim))
+    block_k = SHARED_SMALL_BLOCK_K if rows <= SHARED_SMALL_ROWS else SHARED_BLOCK_K
     qh = q.transpose(1, 0, 2, 3).reshape(num_kv_heads, rows * group, head_dim)
-    # every sharing request's row holds the prefix (none: the loop below never runs)
-    table_row = md.req_row[0 if md.shared_len is None else jnp.argmax(md.shared_len)]
+    table_row = md.req_row[jnp.argmax(md.shared_len)]  # every sharer's row holds it
 
     def body(j: jax.Array, carry: tuple) -> tuple:
         cols = j * block_k + jnp.arange(block_k, dtype=jnp.int32)  # [BK]
@@ -147,11 +150,13 @@ def uses_block_diagonal(num_kv_heads: int, batch: int) -> bool:
 
 
 def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
-                     md: AttentionMetadata, window: int | None) -> jax.Array:
+                     md: AttentionMetadata, window: int | None,
+                     prefix: tuple | None = None) -> jax.Array:
     """q [T, Hq, Dh] (scaled) -> [B, Hq, Dh]: each q_len == 1 request's one token over
-    its keys: the shared prefix's once for all (shared_prefix_pass), then each request's
-    own from where its prefix ends, in blocks of decode_block_k(B) keys; other rows are
-    garbage.
+    its keys: the shared prefix's once for all (shared_prefix_pass; prefix: its carry
+    for each request's token, [B, Hkv, G(, Dh)], if the caller ran it), then each
+    request's own from where its prefix ends, in blocks of decode_block_k(B) keys; other
+    rows are garbage.
 
     With few KV heads the own keys are not split per head: every query head scores the
     whole gathered row [Hkv * Dh] against a block-diagonal query (zero outside its own KV
@@ -168,8 +173,10 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
     kv_len = jnp.where(is_decode, md.kv_len, 0)  # [B]
     shared = _shared_len(md, is_decode)  # [B]
     qd = q[jnp.clip(md.q_start, 0, num_tokens - 1)].reshape(b, num_kv_heads, group, head_dim)
-    m, denom, acc = shared_prefix_pass(qd, pool_keys(k_pool, v_pool), head_dim, md, shared,
-                                       kv_len - 1, window, SHARED_DECODE_BLOCK_K)
+    if prefix is None:
+        prefix = shared_prefix_pass(qd, pool_keys(k_pool, v_pool), head_dim, md, shared,
+                                    kv_len - 1, window)
+    m, denom, acc = prefix
     block_diagonal = uses_block_diagonal(num_kv_heads, b)
     if block_diagonal:
         eye = jnp.eye(num_kv_heads, dtype=jnp.float32)[:, None, :, None]  # [Hkv, 1, Hkv, 1]
@@ -210,23 +217,25 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
 
 def extend_attention(q: jax.Array, keys: KeySource, num_kv_heads: int, v_dim: int,
                      md: AttentionMetadata, window: int | None, block_q: int, block_k: int,
-                     min_q_len: int = 2) -> jax.Array:
+                     min_q_len: int = 2, prefix: tuple | None = None) -> jax.Array:
     """q [T, Hq, Dk] (scaled) -> [T, Hq, Dv]: the tokens of requests with
     q_len >= min_q_len; other rows are garbage. The shared prefix (cached, so visible to
-    every new token of its requests) first, for all tokens at once (shared_prefix_pass);
-    then requests go in packed order, a tile's rows past its request's end overwritten by
-    the next extend request's tiles."""
+    every new token of its requests) first, for all tokens at once (shared_prefix_pass;
+    prefix: its carry per token, [T, Hkv, G(, Dv)], if the caller ran it); then requests
+    go in packed order, a tile's rows past its request's end overwritten by the next
+    extend request's tiles."""
     num_tokens, num_q_heads, head_dim = q.shape
     group = num_q_heads // num_kv_heads
     b = md.q_len.shape[0]
     is_extend = md.q_len >= min_q_len
     shared = _shared_len(md, is_extend)  # [B]
     q4 = q.reshape(num_tokens, num_kv_heads, group, head_dim)
-    carry = shared_prefix_pass(q4, keys, v_dim, md, shared[md.token_req], md.positions, window,
-                               block_k)
+    if prefix is None:
+        prefix = shared_prefix_pass(q4, keys, v_dim, md, shared[md.token_req], md.positions,
+                                    window)
     # [Hkv, G, T + BQ(, Dv)]: the extend tiles' layout; a tile never runs off the end
     m, denom, acc = (jnp.pad(jnp.moveaxis(x, 0, 2), [(0, 0)] * 2 + [(0, block_q)]
-                             + [(0, 0)] * (x.ndim - 3)) for x in carry)
+                             + [(0, 0)] * (x.ndim - 3)) for x in prefix)
     qp = jnp.pad(q4, ((0, block_q), (0, 0), (0, 0), (0, 0)))
     (ids,) = jnp.nonzero(is_extend, size=b, fill_value=0)  # extend requests, in order
 
@@ -285,9 +294,20 @@ def native_attention(
     """`AttentionBackend` contract (model/attention.py): blockwise, context-free shapes."""
     k_pool, v_pool = write_kv(k_pool, v_pool, k_new, v_new, md.out_slots + md.layer_base)
     q = q * scale
-    dec = decode_attention(q, k_pool, v_pool, md, window)  # [B, Hq, Dh]
-    ext = extend_attention(q, pool_keys(k_pool, v_pool), k_pool.shape[1], v_pool.shape[2], md,
-                           window, EXTEND_BLOCK_Q, EXTEND_BLOCK_K)  # [T, Hq, Dh]
+    if md.q_len.shape[0] < SHARED_PREFIX_MIN_BATCH:
+        md = md._replace(shared_len=None)  # (the host never shares in such steps)
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_pool.shape[1]
+    keys = pool_keys(k_pool, v_pool)
+    # one shared-prefix pass for every token, decode or extend (one loop in the program)
+    prefix = shared_prefix_pass(
+        q.reshape(num_tokens, num_kv_heads, num_q_heads // num_kv_heads, head_dim), keys,
+        head_dim, md, _shared_len(md, md.q_len > 0)[md.token_req], md.positions, window)
+    rows = jnp.clip(md.q_start, 0, num_tokens - 1)  # each request's first (decode: only) token
+    dec = decode_attention(q, k_pool, v_pool, md, window,
+                           tuple(x[rows] for x in prefix))  # [B, Hq, Dh]
+    ext = extend_attention(q, keys, num_kv_heads, v_pool.shape[2], md, window, EXTEND_BLOCK_Q,
+                           EXTEND_BLOCK_K, prefix=prefix)  # [T, Hq, Dh]
     is_decode_token = (md.q_len == 1)[md.token_req]  # [T]
     out = jnp.where(is_decode_token[:, None, None], dec[md.token_req], ext)
     return out, k_pool, v_pool

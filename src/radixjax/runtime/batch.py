@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from radixjax.model.attention import AttentionMetadata, BatchShape
+from radixjax.model.attention import SHARED_PREFIX_MIN_BATCH, AttentionMetadata, BatchShape
 
 DUMMY_SLOT = 0
 
@@ -199,7 +199,8 @@ def build_batch(reqs: list[RequestSlice], buckets: Buckets) -> HostBatch:
         start = end
     q_start[len(reqs) :] = start  # padded requests: empty range at the end
     shared_len = np.zeros(b, np.int32)
-    shared_len[: len(reqs)] = shared_prefix_lens(reqs)
+    if b >= SHARED_PREFIX_MIN_BATCH:  # (smaller programs have no shared-prefix pass)
+        shared_len[: len(reqs)] = shared_prefix_lens(reqs)
     md = AttentionMetadata(positions, out_slots, token_req, q_start, q_len, kv_len, req_row,
                            None, shared_len=shared_len)
     src = TokenSource(use_last, token_row, req_row, count_input, reset_row, count_sampled)
