@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from radixjax.loaders import load_model
+from radixjax.model.attention import SHARED_PREFIX_MIN_BATCH
 from radixjax.runtime.batch import HostBatch, RequestSlice, build_batch
 from radixjax.runtime.model_runner import ModelRunner, RunnerConfig, StepOptions
 from radixjax.sampling.params import SamplingArrays, SamplingParams
@@ -46,7 +47,7 @@ def compare(runner: ModelRunner, reqs: list[RequestSlice], vocab: int, rounds: i
                               on.shape.num_reqs)
     runner.step(on, sp, StepOptions()).tokens.block_until_ready()  # compile, rows
     on = build_batch([r._replace(sync_row=False) for r in reqs], runner.buckets)
-    assert len(reqs) == 1 or on.md.shared_len[0] == PREFIX, on.md.shared_len
+    assert on.md.shared_len[0] == PREFIX, on.md.shared_len  # (B >= SHARED_PREFIX_MIN_BATCH)
     off = on._replace(md=on.md._replace(shared_len=np.zeros_like(on.md.shared_len)))
     res = {"on": [], "off": []}
     for _ in range(rounds):
@@ -59,7 +60,8 @@ def compare(runner: ModelRunner, reqs: list[RequestSlice], vocab: int, rounds: i
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quant", action="store_true", help="w8a8_int8 weights")
-    ap.add_argument("--batches", default="1,4,8,16,32")
+    ap.add_argument("--batches", default="8,16,32", help="decode steps of this many requests "
+                    f"(at least SHARED_PREFIX_MIN_BATCH = {SHARED_PREFIX_MIN_BATCH})")
     ap.add_argument("--waves", default="4,8", help="prefill steps of this many new requests")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=3, help="timed steps per round and side")

@@ -115,14 +115,14 @@ def test_decode_with_shared_prefix_matches_numpy(num_kv_heads: int,
         np.testing.assert_allclose(np.asarray(out[i]), ref, rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("num_kv_heads", [2, BLOCK_DIAGONAL_MAX_KV_HEADS + 4])
 @pytest.mark.parametrize("window", [None, 7, 400])
-def test_extend_with_shared_prefix_matches_numpy(num_kv_heads: int,
-                                                 window: int | None) -> None:
+def test_extend_with_shared_prefix_matches_numpy(window: int | None) -> None:
     """A mixed step: two extend requests (one over two query tiles) and a decode request
     on a 300-key cached prefix they share, and an extend request of its own; every new
-    token gets causal attention over its request's keys."""
-    rng = np.random.default_rng(num_kv_heads + (window or 0))
+    token gets causal attention over its request's keys. (Extend has one form; the
+    decode forms by KV heads are the test above.)"""
+    num_kv_heads = 2
+    rng = np.random.default_rng(window or 0)
     group, dh, num_slots = 2, 8, 2000
     k_pool = rng.standard_normal((num_slots, num_kv_heads, dh)).astype(np.float32)
     v_pool = rng.standard_normal((num_slots, num_kv_heads, dh)).astype(np.float32)

@@ -43,6 +43,7 @@ from radixjax.model.native_attention import (
     decode_attention,
     extend_attention,
     gather_rows,
+    sharing,
 )
 from radixjax.model.params import Params
 from radixjax.parallel.dp_attention import dp_axes, local_md, md_specs, shard_tokens
@@ -74,6 +75,7 @@ def mla_attend(
 ) -> tuple[jax.Array, jax.Array]:
     """Writes the new latents, attends. Returns (out [T, H, Dv] f32, pool)."""
     pool = pool.at[md.out_slots + md.layer_base].set(latent.astype(pool.dtype))
+    md = sharing(md)
     num_tokens, heads, dn = q_nope.shape
     rank = pool.shape[2] - q_pe.shape[2]
     w = wkv_b.astype(jnp.float32).reshape(rank, heads, -1)

@@ -5,12 +5,14 @@ in blocks of slots taken from its req_to_token row, up to its own kv_len, with a
 softmax (running max, denominator, accumulator), so a step's cost follows the real
 context and one program serves every context length.
 
-Two paths run in every step, each over its own requests (the other's are masked out):
+First the step's shared prefix (md.shared_len; the radix cache's common system
+prompt), read once for every token of the requests that hold it:
+            q [T, Hkv, G, Dh] x keys [BK, Hkv, Dh] per block
+Its online-softmax state seeds two paths, each over its own requests (the other's are
+masked out), which read each request's keys past that prefix:
 
     decode  (q_len == 1): batched over B; a loop over key blocks up to the longest such
-            request:   q [B, Hkv, G, Dh] x keys [B, BK, Hkv, Dh] per block, after a
-            loop over the step's shared prefix (md.shared_len; the radix cache's
-            common system prompt), read once:  q [B, Hkv, G, Dh] x keys [BK, Hkv, Dh]
+            request:   q [B, Hkv, G, Dh] x keys [B, BK, Hkv, Dh] per block
     extend  (q_len > 1):  one request at a time; its tokens in query blocks of BQ, each
             a loop over key blocks up to the block's last position (causal: blocks past
             it are never read) and from its window's start
@@ -130,6 +132,12 @@ def shared_prefix_pass(q: jax.Array, keys: KeySource, v_dim: int, md: AttentionM
     hi = (jnp.max(prefix_len) + block_k - 1) // block_k
     carry = lax.fori_loop(0, hi, body, _init((num_kv_heads, rows, group), v_dim))
     return tuple(x.swapaxes(0, 1) for x in carry)
+
+
+def sharing(md: AttentionMetadata) -> AttentionMetadata:
+    """md as a backend reads it: no shared prefix in programs of fewer than
+    SHARED_PREFIX_MIN_BATCH requests (the host never shares there; no pass compiled)."""
+    return md._replace(shared_len=None) if md.q_len.shape[0] < SHARED_PREFIX_MIN_BATCH else md
 
 
 def _shared_len(md: AttentionMetadata, rows: jax.Array) -> jax.Array:
@@ -294,8 +302,7 @@ def native_attention(
     """`AttentionBackend` contract (model/attention.py): blockwise, context-free shapes."""
     k_pool, v_pool = write_kv(k_pool, v_pool, k_new, v_new, md.out_slots + md.layer_base)
     q = q * scale
-    if md.q_len.shape[0] < SHARED_PREFIX_MIN_BATCH:
-        md = md._replace(shared_len=None)  # (the host never shares in such steps)
+    md = sharing(md)
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
     keys = pool_keys(k_pool, v_pool)
