@@ -77,6 +77,16 @@ def test_decode_matches_numpy(num_kv_heads: int, window: int | None, block_k: in
         np.testing.assert_allclose(np.asarray(out[i]), ref, rtol=2e-5, atol=2e-5)
 
 
+def _pools(seed: int, num_slots: int, num_kv_heads: int, dh: int):
+    """Random K and V pools [num_slots, Hkv, Dh] and take(n): n distinct unused slots
+    (never the dummy slot 0) in random order."""
+    rng = np.random.default_rng(seed)
+    k_pool = rng.standard_normal((num_slots, num_kv_heads, dh)).astype(np.float32)
+    v_pool = rng.standard_normal((num_slots, num_kv_heads, dh)).astype(np.float32)
+    perm = iter(rng.permutation(np.arange(1, num_slots)).tolist())
+    return k_pool, v_pool, lambda n: np.array([next(perm) for _ in range(n)], np.int32)
+
+
 @pytest.mark.parametrize("num_kv_heads", [2, BLOCK_DIAGONAL_MAX_KV_HEADS + 4])
 @pytest.mark.parametrize("window", [None, 7, 400])
 def test_decode_with_shared_prefix_matches_numpy(num_kv_heads: int,
@@ -84,12 +94,9 @@ def test_decode_with_shared_prefix_matches_numpy(num_kv_heads: int,
     """Three requests share a 600-key prefix (the same slots), read once by the shared
     pass; a fourth has its own keys; a fifth shares the prefix's slots but is not in the
     group (shared_len 0: it reads them itself). Each gets plain attention over its keys."""
-    rng = np.random.default_rng(num_kv_heads + (window or 0))
-    group, dh, num_slots = 2, 8, 3000
-    k_pool = rng.standard_normal((num_slots, num_kv_heads, dh)).astype(np.float32)
-    v_pool = rng.standard_normal((num_slots, num_kv_heads, dh)).astype(np.float32)
-    perm = iter(rng.permutation(np.arange(1, num_slots)).tolist())
-    take = lambda n: np.array([next(perm) for _ in range(n)], np.int32)  # noqa: E731
+    group, dh = 2, 8
+    k_pool, v_pool, take = _pools(num_kv_heads + (window or 0), 3000, num_kv_heads, dh)
+    rng = np.random.default_rng(num_kv_heads + (window or 0) + 1)  # the queries
     prefix = take(600)
     rows = [np.concatenate([prefix, take(n)]) for n in (1, 40, 700)] + [take(90)]
     rows.append(np.concatenate([prefix, take(5)]))
@@ -121,13 +128,9 @@ def test_extend_with_shared_prefix_matches_numpy(window: int | None) -> None:
     on a 300-key cached prefix they share, and an extend request of its own; every new
     token gets causal attention over its request's keys. (Extend has one form; the
     decode forms by KV heads are the test above.)"""
-    num_kv_heads = 2
-    rng = np.random.default_rng(window or 0)
-    group, dh, num_slots = 2, 8, 2000
-    k_pool = rng.standard_normal((num_slots, num_kv_heads, dh)).astype(np.float32)
-    v_pool = rng.standard_normal((num_slots, num_kv_heads, dh)).astype(np.float32)
-    perm = iter(rng.permutation(np.arange(1, num_slots)).tolist())
-    take = lambda n: np.array([next(perm) for _ in range(n)], np.int32)  # noqa: E731
+    num_kv_heads, group, dh = 2, 2, 8
+    k_pool, v_pool, take = _pools(window or 0, 2000, num_kv_heads, dh)
+    rng = np.random.default_rng((window or 0) + 1)  # the queries
     prefix = take(300)
     rows = [np.concatenate([prefix, take(n)]) for n in (10 + 50, 130, 1)] + [take(70)]
     q_lens = [50, 130, 1, 30]
