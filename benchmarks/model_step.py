@@ -19,7 +19,7 @@ import numpy as np
 
 from radixjax.loaders import load_model
 from radixjax.model.params import num_param_bytes
-from radixjax.runtime.batch import RequestSlice, build_batch
+from radixjax.runtime.batch import HostBatch, RequestSlice, build_batch
 from radixjax.runtime.model_runner import ModelRunner, RunnerConfig, StepOptions
 from radixjax.sampling.params import SamplingArrays, SamplingParams
 
@@ -53,6 +53,12 @@ def time_steps(runner: ModelRunner, reqs: list[RequestSlice], steps: int,
     if compiles is not None:
         compiles.append(time.perf_counter() - t)
     batch = build_batch([r._replace(sync_row=False) for r in reqs], runner.buckets)
+    return median_step_s(runner, batch, sp, steps)
+
+
+def median_step_s(runner: ModelRunner, batch: HostBatch, sp: SamplingArrays,
+                  steps: int) -> float:
+    """Median seconds of `steps` runs of an already compiled step (waited for each)."""
     times = []
     for _ in range(steps):
         t = time.perf_counter()

@@ -13,27 +13,22 @@ every request reads the prefix itself; the same program runs both, interleaved i
 from __future__ import annotations
 
 import argparse
-import time
+import sys
+from pathlib import Path
 
 import numpy as np
 
 from radixjax.loaders import load_model
 from radixjax.model.attention import SHARED_PREFIX_MIN_BATCH
-from radixjax.runtime.batch import HostBatch, RequestSlice, build_batch
+from radixjax.runtime.batch import RequestSlice, build_batch
 from radixjax.runtime.model_runner import ModelRunner, RunnerConfig, StepOptions
 from radixjax.sampling.params import SamplingArrays, SamplingParams
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from model_step import median_step_s  # noqa: E402
+
 PREFIX, OWN = 800, 100  # issue 16's shared workload: ~800-token system prompt
 NEW = 48  # a new request's uncached tokens (its question and the chat template)
-
-
-def timed(runner: ModelRunner, batch: HostBatch, sp: SamplingArrays, steps: int) -> float:
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        runner.step(batch, sp, StepOptions()).tokens.block_until_ready()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
 
 
 def compare(runner: ModelRunner, reqs: list[RequestSlice], vocab: int, rounds: int,
@@ -51,8 +46,8 @@ def compare(runner: ModelRunner, reqs: list[RequestSlice], vocab: int, rounds: i
     off = on._replace(md=on.md._replace(shared_len=np.zeros_like(on.md.shared_len)))
     res = {"on": [], "off": []}
     for _ in range(rounds):
-        res["off"].append(timed(runner, off, sp, steps))
-        res["on"].append(timed(runner, on, sp, steps))
+        res["off"].append(median_step_s(runner, off, sp, steps))
+        res["on"].append(median_step_s(runner, on, sp, steps))
     return ({k: min(v) * 1e3 for k, v in res.items()},
             {k: float(np.median(v)) * 1e3 for k, v in res.items()})
 

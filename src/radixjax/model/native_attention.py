@@ -114,7 +114,7 @@ def shared_prefix_pass(q: jax.Array, keys: KeySource, v_dim: int, md: AttentionM
     keys: per KV head one GEMM per key block, [R * G, Dk] x [Dk, BK]."""
     rows, num_kv_heads, group, head_dim = q.shape
     if md.shared_len is None:  # nothing shared: no pass in the program
-        return tuple(x.swapaxes(0, 1) for x in _init((num_kv_heads, rows, group), v_dim))
+        return _init((rows, num_kv_heads, group), v_dim)
     block_k = SHARED_SMALL_BLOCK_K if rows <= SHARED_SMALL_ROWS else SHARED_BLOCK_K
     qh = q.transpose(1, 0, 2, 3).reshape(num_kv_heads, rows * group, head_dim)
     table_row = md.req_row[jnp.argmax(md.shared_len)]  # every sharer's row holds it
