@@ -36,7 +36,8 @@ PATHS = {
 
 @pytest.fixture
 def shared_steps(monkeypatch) -> list[int]:
-    """The longest shared prefix of each step the engines build (0: none)."""
+    """The longest shared prefix of each step of >= SHARED_PREFIX_MIN_BATCH requests the
+    engines build (0: none; smaller steps never share)."""
     seen: list[int] = []
     real = batch_module.shared_prefix_lens
 
