@@ -12,8 +12,8 @@ import pytest
 from radixjax.engine.config import EngineConfig, EngineConfigError
 from radixjax.engine.engine import runner_config_for
 from radixjax.loaders import load_model
+from radixjax.model.dense_weights import LINEAR_WEIGHTS
 from radixjax.model.quant import (
-    QUANTIZED,
     Int8Weight,
     int8_linear,
     quantize_int8,
@@ -67,8 +67,8 @@ def test_int8_runner_tracks_f32(family: str, unroll: int, tiny_model_dir) -> Non
     int8 = tiny_runner(m.cfg, m.params, quantization="w8a8_int8", unroll_max_tokens=unroll)
     layer = quantize_params(m.params, "w8a8_int8")["layers"][-1]
     quantized = {k for k, v in layer.items() if isinstance(v, Int8Weight)}
-    assert quantized == QUANTIZED & set(layer) and quantized
-    assert not any(isinstance(v, Int8Weight) for k, v in layer.items() if k not in QUANTIZED)
+    assert quantized == LINEAR_WEIGHTS & set(layer) and quantized
+    assert not any(isinstance(v, Int8Weight) for k, v in layer.items() if k not in LINEAR_WEIGHTS)
     rng = np.random.default_rng(2)
     seqs = [list(rng.integers(3, m.cfg.vocab_size, n)) for n in (9, 14)]
     slots = ScatteredSlots(512, seed=4)

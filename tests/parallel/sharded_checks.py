@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from radixjax.loaders import load_model
+from radixjax.model.dense_weights import OutIn
 from radixjax.parallel.mesh import MeshConfig, make_mesh
 from radixjax.parallel.rules import Layout
 from radixjax.parallel.shard_params import placer_for
@@ -120,6 +121,7 @@ def shard_shapes(root: Path) -> dict[str, list]:
                                            "we_down", "router", "wq_b", "wkv_a", "wkv_b",
                                            "ws_gate") if n in lp})
         for name, x in leaves.items():
+            x = x.wt if isinstance(x, OutIn) else x  # dense matrices: stacked [n, O, I]
             out[f"{fam} {name}"] = [list(x.shape), len({s.device for s in x.addressable_shards}),
                                     sorted({tuple(s.data.shape) for s in x.addressable_shards})]
     return out

@@ -90,15 +90,15 @@ def test_moe_tp_ep_logits_equal_single_device(moe) -> None:
 
 def test_params_and_kv_pool_are_sharded(moe) -> None:
     """[global shape, devices holding a shard, the distinct shard shapes]. Layer weights
-    are stacked over the 2 layers (a leading axis never split); the pool holds both
-    layers' rows."""
+    are stacked over the 2 layers (a leading axis never split), the dense matrices
+    transposed ([n, out, in], model/dense_weights.py); the pool holds both layers' rows."""
     s = moe["shards"]
     # qwen2, tp = 4: 8 q heads x Dh 8, 2 KV heads repeated to 4, vocab 256, mlp 96.
-    assert s["qwen2 wq"] == [[2, 64, 64], 4, [[2, 64, 16]]]
-    assert s["qwen2 wk"] == [[2, 64, 32], 4, [[2, 64, 8]]]  # 4 (repeated) KV heads, one each
-    assert s["qwen2 wo"] == [[2, 64, 64], 4, [[2, 16, 64]]]
-    assert s["qwen2 w_gate"] == [[2, 64, 96], 4, [[2, 64, 24]]]
-    assert s["qwen2 w_down"] == [[2, 96, 64], 4, [[2, 24, 64]]]
+    assert s["qwen2 wq"] == [[2, 64, 64], 4, [[2, 16, 64]]]
+    assert s["qwen2 wk"] == [[2, 32, 64], 4, [[2, 8, 64]]]  # 4 (repeated) KV heads, one each
+    assert s["qwen2 wo"] == [[2, 64, 64], 4, [[2, 64, 16]]]
+    assert s["qwen2 w_gate"] == [[2, 96, 64], 4, [[2, 24, 64]]]
+    assert s["qwen2 w_down"] == [[2, 64, 96], 4, [[2, 64, 24]]]
     assert s["qwen2 embed"] == [[256, 64], 4, [[64, 64]]]  # vocab-parallel
     assert s["qwen2 k_pool"] == [[128, 4, 8], 4, [[128, 1, 8]]]
     # mixtral, tp = 4, ep = 2: experts split in 2 groups, each expert's 32 columns in 2.
@@ -109,13 +109,13 @@ def test_params_and_kv_pool_are_sharded(moe) -> None:
     # deepseek_v3, tp = 4, ep = 4: 4 heads of (16 + 8) q dims and (16 + 16) kv dims split
     # one per device; the latent pool (32 + 8 per token) and wkv_a replicated; layer 1's
     # shared experts (2 x 32 columns) split like a dense MLP.
-    assert s["deepseek_v3 wq_b"] == [[1, 24, 96], 4, [[1, 24, 24]]]
+    assert s["deepseek_v3 wq_b"] == [[1, 96, 24], 4, [[1, 24, 24]]]
     assert s["deepseek_v3 wkv_b"] == [[1, 32, 128], 4, [[1, 32, 32]]]
-    assert s["deepseek_v3 wo"] == [[1, 64, 64], 4, [[1, 16, 64]]]
-    assert s["deepseek_v3 wkv_a"] == [[1, 64, 40], 4, [[1, 64, 40]]]
+    assert s["deepseek_v3 wo"] == [[1, 64, 64], 4, [[1, 64, 16]]]
+    assert s["deepseek_v3 wkv_a"] == [[1, 40, 64], 4, [[1, 40, 64]]]
     assert s["deepseek_v3 k_pool"] == [[128, 1, 40], 4, [[128, 1, 40]]]
     assert s["deepseek_v3 we_gate"] == [[1, 8, 64, 32], 4, [[1, 2, 64, 32]]]
-    assert s["deepseek_v3 ws_gate"] == [[1, 64, 64], 4, [[1, 64, 16]]]
+    assert s["deepseek_v3 ws_gate"] == [[1, 64, 64], 4, [[1, 16, 64]]]
 
 
 def test_engine_outputs_equal_across_layouts(dense, moe) -> None:

@@ -9,6 +9,10 @@ XLA's compile time follows the code: SmolLM2's forward compiled in ~8 s unrolled
     checkpoint params["layers"]: [{name: [...]}] * L       (loaders, sharding rules)
     stacked params["groups"]:    [{name: [n, ...]}] * G    (what `forward` runs)
 
+The dense layer matrices are stacked transposed, `OutIn(wt [n, O, I])`: XLA reads them
+in place for the small steps' vector products instead of copying each layer's slice
+(model/dense_weights.py).
+
 `forward` also runs checkpoint-shaped params, layer by layer (RunnerConfig.unroll_max_tokens):
 on the CPU the scan hands each layer a dynamic slice of the stacked weights, which XLA
 copies before every dot, so the unrolled form decodes faster at small batches (SmolLM2
@@ -24,6 +28,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from radixjax.model.config import ModelConfig
+from radixjax.model.dense_weights import LINEAR_WEIGHTS, OutIn
 from radixjax.model.params import Params
 
 
@@ -48,13 +53,28 @@ def layer_groups(cfg: ModelConfig) -> tuple[LayerGroup, ...]:
     return tuple(groups)
 
 
-def _stack(leaves: list[jax.Array]) -> jax.Array:
-    """[n] arrays of one shape -> [n, ...], sharded as each leaf was (layer axis whole)."""
+def _stack(leaves: list[jax.Array], transpose: bool = False) -> jax.Array:
+    """[n] arrays of one shape -> [n, ...] (transpose: [n, ..., b, a] from [..., a, b]),
+    sharded as each leaf was (layer axis whole; transposed: its last two axes swapped)."""
+    def stack(*xs: jax.Array) -> jax.Array:
+        return jnp.stack([jnp.swapaxes(x, -1, -2) if transpose else x for x in xs])
+
     sharding = getattr(leaves[0], "sharding", None)
     if isinstance(sharding, NamedSharding):
-        out = NamedSharding(sharding.mesh, PartitionSpec(None, *sharding.spec))
-        return jax.jit(lambda *xs: jnp.stack(xs), out_shardings=out)(*leaves)
-    return jnp.stack(leaves)
+        spec = [*sharding.spec, *[None] * (leaves[0].ndim - len(sharding.spec))]
+        if transpose:
+            spec[-2:] = spec[-1], spec[-2]
+        out = NamedSharding(sharding.mesh, PartitionSpec(None, *spec))
+        return jax.jit(stack, out_shardings=out)(*leaves)
+    return stack(*leaves)
+
+
+def _stack_leaf(name: str, leaves: list) -> object:
+    """One leaf of a group: a dense layer matrix as OutIn, anything else as it is (an
+    Int8Weight stacked field by field)."""
+    if name in LINEAR_WEIGHTS and isinstance(leaves[0], jax.Array):
+        return OutIn(_stack(leaves, transpose=True))
+    return jax.tree.map(lambda *xs: _stack(list(xs)), *leaves)
 
 
 def stack_layers(cfg: ModelConfig, params: Params) -> Params:
@@ -63,8 +83,7 @@ def stack_layers(cfg: ModelConfig, params: Params) -> Params:
     out = {k: v for k, v in params.items() if k != "layers"}
     layers = params["layers"]
     out["groups"] = [
-        {name: jax.tree.map(lambda *xs: _stack(list(xs)),
-                            *[layers[i][name] for i in range(g.start, g.stop)])
+        {name: _stack_leaf(name, [layers[i][name] for i in range(g.start, g.stop)])
          for name in layers[g.start]}
         for g in layer_groups(cfg)
     ]

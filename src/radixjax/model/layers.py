@@ -1,6 +1,7 @@
 """Stateless building blocks: RMSNorm, RoPE, linear. Activations are float32; weights may
-be bfloat16, in which case matmuls run as dot(bf16, bf16) -> f32 (shared/DESIGN.md §3), or
-int8 (W8A8, model/quant.py)."""
+be bfloat16, in which case matmuls run as dot(bf16, bf16) -> f32 (shared/DESIGN.md §3),
+stored transposed for the layer scan (model/dense_weights.py), or int8 (W8A8,
+model/quant.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from radixjax.model.config import ModelConfig, RopeScaling, YarnScaling
+from radixjax.model.dense_weights import OutIn, out_in_linear
 from radixjax.model.quant import Int8Weight, int8_linear
 
 
@@ -20,9 +22,13 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return x * jax.lax.rsqrt(var + eps) * weight
 
 
-def linear(x: jax.Array, w: jax.Array | Int8Weight, b: jax.Array | None = None) -> jax.Array:
-    """x: [T, I] f32, w: [I, O] (f32 or bf16) or int8 (model/quant.py) -> [T, O] f32."""
-    if isinstance(w, Int8Weight):
+def linear(x: jax.Array, w: jax.Array | OutIn | Int8Weight,
+           b: jax.Array | None = None) -> jax.Array:
+    """x: [T, I] f32, w: [I, O] (f32 or bf16), the same stored [O, I] (OutIn) or int8
+    (model/quant.py) -> [T, O] f32."""
+    if isinstance(w, OutIn):
+        y = out_in_linear(x, w)
+    elif isinstance(w, Int8Weight):
         y = int8_linear(x, w)
     else:
         y = jnp.dot(x.astype(w.dtype), w, preferred_element_type=jnp.float32)

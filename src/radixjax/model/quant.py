@@ -16,9 +16,10 @@ served with 8 streams on one shared prompt 1.5x the f32 output rate. Logits with
 off by default. Weight-only int8 (f32 activations, the weight converted in the program)
 gained ~10 % and was not kept. The LM head stays f32 (an int8 head ran 7x slower).
 
-Which matrices: those the forward runs through `layers.linear` (attention projections,
-dense and shared-expert MLPs, MLA's down-projections). Not MLA's `wkv_b` (absorbed into
-per-head products), routers, or routed experts (ragged_dot)."""
+Which matrices: those the forward runs through `layers.linear`
+(dense_weights.LINEAR_WEIGHTS). The int8 product keeps its own form: `dot_general` on
+q [O, I] was the fastest int8 form at every batch (a vector product per row, the
+model/dense_weights.py form for f32, ran 1.3-5x slower in int8)."""
 
 from __future__ import annotations
 
@@ -28,10 +29,8 @@ import jax
 import jax.numpy as jnp
 
 from radixjax.engine.config import QUANTIZATIONS  # ("none", "w8a8_int8")
+from radixjax.model.dense_weights import LINEAR_WEIGHTS
 from radixjax.model.params import Params
-
-QUANTIZED = frozenset({"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "wq_a", "wq_b",
-                       "wkv_a", "ws_gate", "ws_up", "ws_down"})
 
 
 class Int8Weight(NamedTuple):
@@ -59,12 +58,12 @@ def int8_linear(x: jax.Array, w: Int8Weight) -> jax.Array:
 
 
 def quantize_params(params: Params, quantization: str) -> Params:
-    """Checkpoint-shaped params -> the same with the QUANTIZED layer matrices as
+    """Checkpoint-shaped params -> the same with the layer matrices (LINEAR_WEIGHTS) as
     Int8Weight ("w8a8_int8"; "none": unchanged). The other leaves are shared, not copied."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     if quantization == "none":
         return params
-    layers = [{k: quantize_int8(v) if k in QUANTIZED else v for k, v in lp.items()}
+    layers = [{k: quantize_int8(v) if k in LINEAR_WEIGHTS else v for k, v in lp.items()}
               for lp in params["layers"]]
     return {**params, "layers": layers}

@@ -1,0 +1,47 @@
+"""How the layer scan stores and multiplies the dense layer matrices.
+
+Checkpoints load as w [I, O] (`x @ w`). For the scan, `layer_stack.stack_layers` stores
+each of them transposed, as `OutIn(wt [n, O, I])`, and `layers.linear` multiplies
+`x @ wt.T`, with the rows of a small step (T <= ROWS_MAX) as separate vector products:
+
+    x [T, I] f32, wt [O, I]  ->  [x[t] @ wt.T for t < T]  (T <= 4)  |  x @ wt.T  ->  [T, O]
+
+Why (benchmarks/README.md, "Dense weights stored (out, in)"): inside the scan each layer's
+weight is a dynamic slice of the stacked array, and XLA's CPU backend copies that slice
+before a dot (a read and a write of every weight byte, every step). A vector times the
+transpose of the slice is instead emitted as one loop fusion that reads the stacked
+weight in place. SmolLM2 decode B = 1 ~56 -> ~31 ms, B = 2 and 4 ~1.5-1.7x faster; B >= 8
+and prefill, where the product is a GEMM either way, unchanged. `x @ w` on (in, out)
+storage keeps the copy; a vector product per row past 4 rows re-reads the weight once
+per row and loses to the GEMM. On a GPU the transposed operand is a cuBLAS flag.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+# The matrices the forward runs through `layers.linear`: attention projections, dense and
+# shared-expert MLPs, MLA's down-projections (not `wkv_b`, absorbed into per-head
+# products; not routers or routed experts).
+LINEAR_WEIGHTS = frozenset({"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "wq_a",
+                            "wq_b", "wkv_a", "ws_gate", "ws_up", "ws_down"})
+ROWS_MAX = 4  # steps of up to this many tokens multiply row by row
+
+
+class OutIn(NamedTuple):
+    """A dense weight stored transposed."""
+
+    wt: jax.Array  # [O, I] ([n, O, I] stacked for the layer scan)
+
+
+def out_in_linear(x: jax.Array, w: OutIn) -> jax.Array:
+    """x [T, I] f32 -> [T, O] f32 (in the weight's dtype, accumulated in f32)."""
+    x = x.astype(w.wt.dtype)
+    if x.shape[0] <= ROWS_MAX:
+        rows = [jnp.matmul(x[t], w.wt.T, preferred_element_type=jnp.float32)
+                for t in range(x.shape[0])]
+        return jnp.stack(rows)
+    return jnp.matmul(x, w.wt.T, preferred_element_type=jnp.float32)

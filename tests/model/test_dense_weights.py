@@ -1,0 +1,66 @@
+"""Dense layer matrices stored (out, in) for the layer scan (model/dense_weights.py): the
+product equals x @ w at every step size and dtype, stacking transposes exactly the
+LINEAR_WEIGHTS (an int8 weight stays as quantized), and the small steps' compiled
+programs read the stacked weights in place: no copy of a layer's weight slice."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from radixjax.loaders import load_model
+from radixjax.model.dense_weights import LINEAR_WEIGHTS, ROWS_MAX, OutIn, out_in_linear
+from radixjax.model.layer_stack import layer_groups, stack_layers
+from radixjax.model.quant import Int8Weight, quantize_params
+from tests.model.harness import tiny_runner
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("t", [1, 3, ROWS_MAX, ROWS_MAX + 1, 9])
+def test_out_in_product_equals_x_at_w(t: int, dtype) -> None:
+    rng = np.random.default_rng(t)
+    x = rng.standard_normal((t, 24)).astype(np.float32)
+    w = rng.standard_normal((24, 40)).astype(np.float32)
+    got = out_in_linear(jnp.asarray(x), OutIn(jnp.asarray(w.T, dtype)))
+    ref = x.astype(dtype).astype(np.float32) @ w.astype(dtype).astype(np.float32)
+    assert got.shape == (t, 40) and got.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-5, atol=1e-4)
+
+
+def test_stacking_transposes_the_dense_matrices_only(tiny_model_dir) -> None:
+    m = load_model(tiny_model_dir("deepseek_v3"), load_tokenizer=False)  # MLA, dense + MoE
+    stacked = stack_layers(m.cfg, m.params)["groups"]
+    for g, group in zip(layer_groups(m.cfg), stacked, strict=True):
+        for name, leaf in group.items():
+            assert isinstance(leaf, OutIn if name in LINEAR_WEIGHTS else jax.Array), name
+            got = np.asarray(leaf.wt if isinstance(leaf, OutIn) else leaf)
+            want = np.stack([np.asarray(lp[name]) for lp in m.params["layers"][g.start:g.stop]])
+            np.testing.assert_array_equal(got, want.swapaxes(-1, -2) if name in LINEAR_WEIGHTS
+                                          else want)
+    int8 = stack_layers(m.cfg, quantize_params(m.params, "w8a8_int8"))["groups"]
+    assert isinstance(int8[0]["wkv_a"], Int8Weight) and isinstance(int8[0]["wkv_b"], jax.Array)
+
+
+def weight_slice_copies(hlo: str, weight_shapes: set[tuple[int, ...]]) -> int:
+    """Ops named for a dynamic slice whose output is shaped like one layer's weight."""
+    outs = re.findall(r"%\S*dynamic-slice\S* = f32\[(\d+),(\d+)\]", hlo)
+    return sum((int(a), int(b)) in weight_shapes for a, b in outs)
+
+
+def test_small_steps_read_stacked_weights_in_place(tiny_model_dir) -> None:
+    """T <= ROWS_MAX: no weight-slice copy in the program; T = 8 (a GEMM) still copies,
+    which shows the check sees them."""
+    m = load_model(tiny_model_dir("llama3"), load_tokenizer=False)
+    runner = tiny_runner(m.cfg, m.params, max_running=8)
+    shapes = {w.wt.shape[-2:] for lp in runner.params["groups"] for w in lp.values()
+              if isinstance(w, OutIn)}
+    shapes |= {s[::-1] for s in shapes}
+    programs = {s.num_tokens: s for s in runner.buckets.shapes}
+    copies = {t: weight_slice_copies(runner.programs._lower(programs[t]).compile().as_text(),
+                                     shapes)
+              for t in (1, ROWS_MAX, 8)}
+    assert copies[1] == copies[ROWS_MAX] == 0 and copies[8] > 0, copies
