@@ -40,7 +40,8 @@ def test_int8_rounds_each_output_column_to_its_own_scale() -> None:
 def test_int8_linear_is_the_integer_product_rescaled() -> None:
     """Each token's activations rounded to int8 with its own scale (max |x| / 127), the
     product exact in int32, then both scales: equal to numpy's integer math, and within
-    ~1 % of the f32 product for Gaussian inputs. An all-zero row gives zeros."""
+    ~1 % of the f32 product for Gaussian inputs. An all-zero row gives zeros. One token
+    alone (T = 1, a f32 vector product of the int8 values) gives the same."""
     rng = np.random.default_rng(1)
     w = rng.standard_normal((64, 24)).astype(np.float32)
     x = rng.standard_normal((5, 64)).astype(np.float32) * np.array([[1e-3], [1], [30], [1], [1]])
@@ -52,6 +53,9 @@ def test_int8_linear_is_the_integer_product_rescaled() -> None:
     ref = (xq @ np.asarray(qw.q, np.int64).T).astype(np.float32) * a * np.asarray(qw.scale)
     np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=1e-30)
     assert not ours[3].any()
+    for t in range(5):  # one token alone: a step of T = 1 (a vector product, the same sums)
+        np.testing.assert_allclose(np.asarray(int8_linear(jnp.asarray(x[t:t + 1]), qw)),
+                                   ref[t:t + 1], rtol=1e-6, atol=1e-30)
     exact = x @ w
     for t in (0, 1, 2, 4):
         assert np.abs(ours[t] - exact[t]).max() < 0.02 * np.abs(exact[t]).max()

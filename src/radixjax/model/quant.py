@@ -17,9 +17,11 @@ off by default. Weight-only int8 (f32 activations, the weight converted in the p
 gained ~10 % and was not kept. The LM head stays f32 (an int8 head ran 7x slower).
 
 Which matrices: those the forward runs through `layers.linear`
-(dense_weights.LINEAR_WEIGHTS). The int8 product keeps its own form: `dot_general` on
-q [O, I] was the fastest int8 form at every batch (a vector product per row, the
-model/dense_weights.py form for f32, ran 1.3-5x slower in int8)."""
+(dense_weights.LINEAR_WEIGHTS). The product is XLA's int8 GEMM (`dot_general` on q [O, I]),
+except for one token: XLA runs an int8 vector product in int32 on a converted copy of the
+weight (SmolLM2 B = 1 ~69 ms), so T = 1 multiplies the int8 values as f32 in
+model/dense_weights.py's in-place vector product (~38 ms; the same integer sums, exact in
+f32 below 2^24). Per row at T = 2..4 that form ran 1.5-4x slower than the int8 GEMM."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from radixjax.engine.config import QUANTIZATIONS  # ("none", "w8a8_int8")
-from radixjax.model.dense_weights import LINEAR_WEIGHTS
+from radixjax.model.dense_weights import LINEAR_WEIGHTS, OutIn, out_in_linear
 from radixjax.model.params import Params
 
 
@@ -52,9 +54,12 @@ def int8_linear(x: jax.Array, w: Int8Weight) -> jax.Array:
     """x [T, I] f32 -> [T, O] f32, through int8 activations (one scale per token)."""
     a = jnp.maximum(jnp.max(jnp.abs(x), axis=-1, keepdims=True), 1e-30) / 127  # [T, 1]
     xq = jnp.round(x / a).astype(jnp.int8)
-    y = jax.lax.dot_general(xq, w.q, (((1,), (1,)), ((), ())),
-                            preferred_element_type=jnp.int32)  # [T, O]
-    return y.astype(jnp.float32) * a * w.scale
+    if x.shape[0] == 1:  # XLA runs an int8 vector product as int32 (a converted copy)
+        y = out_in_linear(xq.astype(jnp.float32), OutIn(w.q.astype(jnp.float32)))
+    else:
+        y = jax.lax.dot_general(xq, w.q, (((1,), (1,)), ((), ())),
+                                preferred_element_type=jnp.int32).astype(jnp.float32)
+    return y * a * w.scale
 
 
 def quantize_params(params: Params, quantization: str) -> Params:
