@@ -4,16 +4,18 @@ Checkpoints load as w [I, O] (`x @ w`). For the scan, `layer_stack.stack_layers`
 each of them transposed, as `OutIn(wt [n, O, I])`, and `layers.linear` multiplies
 `x @ wt.T`, with the rows of a small step (T <= ROWS_MAX) as separate vector products:
 
-    x [T, I] f32, wt [O, I]  ->  [x[t] @ wt.T for t < T]  (T <= 4)  |  x @ wt.T  ->  [T, O]
+    x [T, I] f32, wt [O, I]  ->  [x[t] @ wt.T for t < T]  (T <= 8)  |  x @ wt.T  ->  [T, O]
 
 Why (benchmarks/README.md, "Dense weights stored (out, in)"): inside the scan each layer's
 weight is a dynamic slice of the stacked array, and XLA's CPU backend copies that slice
 before a dot (a read and a write of every weight byte, every step). A vector times the
 transpose of the slice is instead emitted as one loop fusion that reads the stacked
-weight in place. SmolLM2 decode B = 1 ~56 -> ~31 ms, B = 2 and 4 ~1.5-1.7x faster; B >= 8
-and prefill, where the product is a GEMM either way, unchanged. `x @ w` on (in, out)
-storage keeps the copy; a vector product per row past 4 rows re-reads the weight once
-per row and loses to the GEMM. On a GPU the transposed operand is a cuBLAS flag.
+weight in place (per row: the later rows find the weight in cache). SmolLM2 decode
+B = 1 ~57 -> ~32 ms, B = 2 and 4 ~1.5x faster, B = 8 ~1.25x; at B = 16 a vector product
+per row lost to the GEMM (1.6x slower for one matrix), which the transposed storage also
+made ~1.1-1.3x faster (its copy is of the transpose). `x @ w` on (in, out) storage, or a
+`dot_general` contracting the stored weight's last axis, keeps the copy. On a GPU the
+transposed operand is a cuBLAS flag.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import jax.numpy as jnp
 # products; not routers or routed experts).
 LINEAR_WEIGHTS = frozenset({"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "wq_a",
                             "wq_b", "wkv_a", "ws_gate", "ws_up", "ws_down"})
-ROWS_MAX = 4  # steps of up to this many tokens multiply row by row
+ROWS_MAX = 8  # steps of up to this many tokens multiply row by row
 
 
 class OutIn(NamedTuple):
