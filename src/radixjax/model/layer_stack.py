@@ -14,9 +14,9 @@ in place for the small steps' vector products instead of copying each layer's sl
 (model/dense_weights.py).
 
 `forward` also runs checkpoint-shaped params, layer by layer (RunnerConfig.unroll_max_tokens):
-on the CPU the scan hands each layer a dynamic slice of the stacked weights, which XLA
-copies before every dot, so the unrolled form decodes faster at small batches (SmolLM2
-B = 1: 60 -> 35 ms) for ~5x the compile time (benchmarks/README.md, matmul.py).
+no weight slices at all, for ~4x the compile time. It decoded SmolLM2 B = 1 in 35 ms
+against the scan's 60 before the scan stored its matrices (out, in); now the scan is the
+faster (B = 1 ~32 vs ~37 ms, benchmarks/README.md "Dense weights stored (out, in)").
 """
 
 from __future__ import annotations
