@@ -32,7 +32,9 @@ def test_out_in_product_equals_x_at_w(t: int, dtype) -> None:
 
 
 def test_stacking_transposes_the_dense_matrices_only(tiny_model_dir) -> None:
-    m = load_model(tiny_model_dir("deepseek_v3"), load_tokenizer=False)  # MLA, dense + MoE
+    """(MLA, MoE and their shared experts run the same stacking; their engine paths:
+    tests/engine/test_equivalence.py.)"""
+    m = load_model(tiny_model_dir("llama3"), load_tokenizer=False)
     stacked = stack_layers(m.cfg, m.params)["groups"]
     for g, group in zip(layer_groups(m.cfg), stacked, strict=True):
         for name, leaf in group.items():
@@ -42,7 +44,7 @@ def test_stacking_transposes_the_dense_matrices_only(tiny_model_dir) -> None:
             np.testing.assert_array_equal(got, want.swapaxes(-1, -2) if name in LINEAR_WEIGHTS
                                           else want)
     int8 = stack_layers(m.cfg, quantize_params(m.params, "w8a8_int8"))["groups"]
-    assert isinstance(int8[0]["wkv_a"], Int8Weight) and isinstance(int8[0]["wkv_b"], jax.Array)
+    assert all(isinstance(int8[0][k], Int8Weight) for k in LINEAR_WEIGHTS & set(int8[0]))
 
 
 def weight_slice_copies(hlo: str, weight_shapes: set[tuple[int, ...]]) -> int:

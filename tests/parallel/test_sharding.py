@@ -119,8 +119,10 @@ def test_params_and_kv_pool_are_sharded(moe) -> None:
 
 
 def test_engine_outputs_equal_across_layouts(dense, moe) -> None:
-    """Greedy, and seeded sampling (temperature, top-k, top-p), token for token: TP, EP
-    (psum and all-to-all; resharded in memory) and DP attention against one device."""
+    """Greedy, and seeded sampling (temperature, top-k, top-p), token for token: TP, and
+    EP by all-to-all under DP attention (DeepSeek-V3; resharded in memory, as qwen2's
+    tp = 8), against one device. (EP by all-to-all without DP attention: the logits
+    checks.)"""
     for result in (dense, moe):
         outs = {k: v for k, v in result["engine"].items()
                 if not k.endswith((" ranks", " pool"))}
@@ -128,7 +130,7 @@ def test_engine_outputs_equal_across_layouts(dense, moe) -> None:
         assert ref and all(len(o) > 0 for o in ref)
         for name, got in outs.items():
             assert got == ref, name
-    assert {"tp=4 ep=4 a2a", "tp=8 ep=8 a2a dpa"} <= set(moe["engine"])
+    assert "tp=8 ep=8 a2a dpa" in moe["engine"]
 
 
 def test_dp_attention_ranks_own_their_requests_and_pool_rows(dense, moe) -> None:
