@@ -53,20 +53,27 @@ def layer_groups(cfg: ModelConfig) -> tuple[LayerGroup, ...]:
     return tuple(groups)
 
 
+def _stacked(leaves: tuple[jax.Array, ...], transpose: bool) -> jax.Array:
+    """One program writes the stacked array: no per-leaf transposed temporaries (for
+    SmolLM2 they would be a third copy of the layer weights while a runner is built)."""
+    return jnp.stack([jnp.swapaxes(x, -1, -2) if transpose else x for x in leaves])
+
+
+_stacked_jit = jax.jit(_stacked, static_argnames="transpose")
+
+
 def _stack(leaves: list[jax.Array], transpose: bool = False) -> jax.Array:
     """[n] arrays of one shape -> [n, ...] (transpose: [n, ..., b, a] from [..., a, b]),
     sharded as each leaf was (layer axis whole; transposed: its last two axes swapped)."""
-    def stack(*xs: jax.Array) -> jax.Array:
-        return jnp.stack([jnp.swapaxes(x, -1, -2) if transpose else x for x in xs])
-
     sharding = getattr(leaves[0], "sharding", None)
     if isinstance(sharding, NamedSharding):
         spec = [*sharding.spec, *[None] * (leaves[0].ndim - len(sharding.spec))]
         if transpose:
             spec[-2:] = spec[-1], spec[-2]
         out = NamedSharding(sharding.mesh, PartitionSpec(None, *spec))
-        return jax.jit(stack, out_shardings=out)(*leaves)
-    return stack(*leaves)
+        return jax.jit(_stacked, static_argnames="transpose", out_shardings=out)(
+            tuple(leaves), transpose=transpose)
+    return _stacked_jit(tuple(leaves), transpose=transpose)
 
 
 def _stack_leaf(name: str, leaves: list) -> object:
