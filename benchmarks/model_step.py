@@ -1,11 +1,10 @@
 """Model step speed on the default model (SmolLM2-135M): decode step time at batch
 1/8/32/64 (context 512) and prefill tokens/s at 512 and 2048 tokens, float32 vs bfloat16
-weights (or, with --unroll, float32 with the layers scanned vs unrolled in the decode
-steps, `--unroll-max-tokens 64`; with --quant, float32 vs int8 layer weights and
-activations, `--quantization w8a8_int8`), the compile time of each step program, and the
+weights (or, with --quant, float32 vs int8 layer weights and activations,
+`--quantization w8a8_int8`), the compile time of each step program, and the
 memory-bandwidth floor (weight bytes / measured read bandwidth).
 
-    .venv/bin/python benchmarks/model_step.py [--steps 20] [--unroll | --quant]
+    .venv/bin/python benchmarks/model_step.py [--steps 20] [--quant]
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from radixjax.runtime.model_runner import ModelRunner, RunnerConfig, StepOptions
 from radixjax.sampling.params import SamplingArrays, SamplingParams
 
 CONTEXT = 512
-UNROLL_MAX_TOKENS = 64  # --unroll: the decode steps (B <= 64) unrolled, prefill scanned
 
 
 def read_bandwidth(num_bytes: int = 1 << 29, reps: int = 5) -> float:
@@ -67,14 +65,12 @@ def median_step_s(runner: ModelRunner, batch: HostBatch, sp: SamplingArrays,
     return float(np.median(times))
 
 
-def bench(dtype: str, steps: int, unroll: bool = False,
-          quantization: str = "none") -> dict[str, float]:
+def bench(dtype: str, steps: int, quantization: str = "none") -> dict[str, float]:
     m = load_model(None, dtype=dtype, load_tokenizer=False)
     rng = np.random.default_rng(0)
     runner = ModelRunner(m.cfg, m.params, RunnerConfig(
         num_slots=64 * CONTEXT + 1, max_batch_tokens=2048, max_running=64,
-        max_context=2048, kv_dtype=dtype, unroll_max_tokens=UNROLL_MAX_TOKENS if unroll else 0,
-        quantization=quantization))
+        max_context=2048, kv_dtype=dtype, quantization=quantization))
     del m.params
     out: dict[str, float] = {"weight_bytes": num_param_bytes(runner.params)}
     compiles: list[float] = []
@@ -96,8 +92,6 @@ def bench(dtype: str, steps: int, unroll: bool = False,
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--unroll", action="store_true",
-                    help="float32, layers scanned vs unrolled (instead of f32 vs bf16)")
     ap.add_argument("--quant", action="store_true",
                     help="float32 vs w8a8_int8 (instead of f32 vs bf16)")
     args = ap.parse_args()
@@ -107,10 +101,6 @@ def main() -> None:
         names = ("float32", "w8a8_int8")
         res = {"float32": bench("float32", args.steps),
                "w8a8_int8": bench("float32", args.steps, quantization="w8a8_int8")}
-    elif args.unroll:
-        names = ("scanned", "unrolled")
-        res = {"scanned": bench("float32", args.steps),
-               "unrolled": bench("float32", args.steps, unroll=True)}
     else:  # bf16 is far slower on this CPU; fewer timed steps keep the run short.
         names = ("float32", "bfloat16")
         res = {"float32": bench("float32", args.steps),

@@ -58,11 +58,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g = p.add_argument_group("model")
     g.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="weight and KV dtype (float32 is faster on CPU)")
-    g.add_argument("--unroll-max-tokens", type=int, default=0,
-                   help="steps of at most this many tokens run the layers unrolled, not in "
-                        "a scan: faster small-batch decode on the CPU (B = 1 ~1.6x, B = 8 "
-                        "~1.2x) for ~4x their compile time and a second copy of the layer "
-                        "weights; 0: never")
     g.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
                    help="w8a8_int8: int8 layer weights and per-token int8 activations "
                         "(one device): decode B = 8 ~1.7x faster on the CPU, logits "
@@ -145,8 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         max_prefill_tokens=args.max_prefill_tokens, chunk_size=args.chunk_size,
         policy=args.policy, enable_cache=not args.disable_radix_cache,
         enable_overlap=not args.disable_overlap, enable_mixed=args.enable_mixed,
-        dtype=args.dtype, unroll_max_tokens=args.unroll_max_tokens,
-        quantization=args.quantization,
+        dtype=args.dtype, quantization=args.quantization,
         attention_backend=args.attention_backend, tp=args.tp, ep=args.ep,
         moe_dispatch=args.moe_dispatch, enable_dp_attention=args.enable_dp_attention,
         disaggregation_mode=args.disaggregation_mode,

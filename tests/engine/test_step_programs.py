@@ -100,10 +100,3 @@ def test_every_dispatched_step_is_a_warm_program(options: dict) -> None:
     assert max(s.num_tokens for s in runner.shapes) <= max(s.num_tokens for s in warm)
     assert len(set(runner.shapes)) > 3  # the traffic really spread over the buckets
     sched.check_integrity()
-
-
-def test_unroll_option_reaches_the_runner() -> None:
-    """EngineConfig.unroll_max_tokens (--unroll-max-tokens) is the runner's; the layers'
-    unrolled form itself: tests/model/test_hf_parity.py."""
-    assert runner_config_for(EngineConfig(unroll_max_tokens=8)).unroll_max_tokens == 8
-    assert runner_config_for(EngineConfig()).unroll_max_tokens == 0

@@ -113,26 +113,3 @@ def test_mla_absorbed_decode_equals_expanded(tiny_model_dir) -> None:
     for batch in batches:
         absorbed, expanded = (r.all_logits(batch) for r in runners)
         assert rel_err(absorbed, expanded) < 1e-5
-
-
-@pytest.mark.parametrize("family", ["deepseek_v3", "mistral"])
-def test_unrolled_layers_equal_the_scan(family: str, tiny_model_dir) -> None:
-    """RunnerConfig.unroll_max_tokens: steps of at most 8 tokens run the layers one by
-    one over their own arrays and give the scanned forward's logits; a larger step still
-    scans (DeepSeek-V3: a dense and an MoE group, MLA; mistral: sliding windows)."""
-    m = load_model(tiny_model_dir(family), load_tokenizer=False)
-    runners = [tiny_runner(m.cfg, m.params, unroll_max_tokens=u) for u in (0, 8)]
-    assert runners[0].layer_params is None and "groups" in runners[1].params
-    rng = np.random.default_rng(5)
-    seqs = [list(rng.integers(3, m.cfg.vocab_size, n)) for n in (7, 12)]
-    slots = ScatteredSlots(512, seed=3)
-    rows = [slots.take(len(s) + 1) for s in seqs]
-    buckets = runners[0].buckets
-    prefill = build_batch([RequestSlice(np.array(s, np.int32), r[: len(s)])
-                           for s, r in zip(seqs, rows, strict=True)], buckets)  # 19: scanned
-    decode = build_batch([RequestSlice(np.array([5], np.int32), r) for r in rows], buckets)
-    assert runners[1]._params_for(decode.shape.num_tokens) is runners[1].layer_params
-    assert runners[1]._params_for(prefill.shape.num_tokens) is runners[1].params
-    for batch in (prefill, decode):
-        scanned, unrolled = (r.all_logits(batch) for r in runners)
-        assert rel_err(unrolled, scanned) < 1e-6

@@ -33,10 +33,6 @@ class EngineConfig:
     enable_jump_forward: bool = True  # grammar-forced tokens in one extend (see docs)
     retract_every: int = 0  # test hook: force one retraction every N decode steps
     dtype: str = "float32"
-    # step programs of at most this many tokens run the layers unrolled (not scanned):
-    # faster small-batch decode on the CPU for ~4x their compile time and a second copy
-    # of the layer weights (RunnerConfig.unroll_max_tokens, benchmarks/README.md)
-    unroll_max_tokens: int = 0
     # "w8a8_int8": int8 layer matrices and activations, one device only (model/quant.py:
     # decode B = 8 ~1.7x faster on the CPU, logits within ~18 %; benchmarks/README.md)
     quantization: str = "none"

@@ -13,10 +13,10 @@ The dense layer matrices are stacked transposed, `OutIn(wt [n, O, I])`: XLA read
 in place for the small steps' vector products instead of copying each layer's slice
 (model/dense_weights.py).
 
-`forward` also runs checkpoint-shaped params, layer by layer (RunnerConfig.unroll_max_tokens):
-no weight slices at all, for ~4x the compile time. It decoded SmolLM2 B = 1 in 35 ms
-against the scan's 60 before the scan stored its matrices (out, in); now the scan is the
-faster (B = 1 ~32 vs ~37 ms, benchmarks/README.md "Dense weights stored (out, in)").
+The layers unrolled over per-layer arrays (no weight slices at all; an option until the
+twelfth session) decoded SmolLM2 B = 1 in 35 ms against the scan's 60 before the scan
+stored its matrices (out, in); since then the scan is the faster (B = 1 ~32 vs ~37 ms)
+and compiles ~4x faster (benchmarks/README.md "Dense weights stored (out, in)").
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ def forward_hidden(
     mla_absorb: bool = True,
 ) -> tuple[jax.Array, KVPool]:
     """params: stacked (layer_stack.stack_layers): the layers of each group run in one
-    lax.scan; or checkpoint-shaped (params["layers"]): the layers unrolled, one by one.
+    lax.scan.
     Returns (the final-normed hidden state of every token [T, D], new kv pool).
     layout: run sharded (cfg must then be parallel.sharded_config(...) of the model).
     mla_absorb=False: MLA decodes expanded too (the reference for the absorbed form)."""
@@ -160,12 +160,6 @@ def forward_hidden(
     x = _embed(params, input_ids, cfg, layout)  # [T, D]
     cos, sin = rope_cos_sin(md.positions, rope_inv_freq(cfg), rope_attention_factor(cfg))
     num_slots = kv[0].shape[0] // cfg.num_layers
-    if "layers" in params:  # unrolled: each layer's weights are arrays of their own
-        for i, lp in enumerate(params["layers"]):
-            md_i = md._replace(layer_base=jnp.int32(i * num_slots))
-            x, kv = _decoder_layer(lp, x, kv, md_i, cos, sin, cfg, backend, layout, i,
-                                   mla_absorb)
-        return rms_norm(x, params["final_norm"], cfg.rms_norm_eps), kv
     for group, weights in zip(layer_groups(cfg), params["groups"], strict=True):
 
         def layer(carry: tuple, xs: tuple, kind: int = group.start) -> tuple:

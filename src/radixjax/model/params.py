@@ -20,8 +20,8 @@ Matrices are stored (in, out) so the forward is `x @ w`, except the output head,
 (V, D) like the embedding it may be tied to (see `lm_head` in llama.py). `layer_specs` and
 `top_specs` give every leaf's shape and logical axes; init, loading and sharding
 (radixjax/parallel/rules.py maps logical axes to mesh axes) derive from them.
-Per-layer arrays (a list, not a stacked `[L, ...]` array): on CPU the unrolled layer loop
-over separate arrays ran fastest (shared/DESIGN.md §3).
+Per-layer arrays (a list, as checkpoints hold them); the runner stacks them for its layer
+scan (model/layer_stack.py).
 """
 
 from __future__ import annotations

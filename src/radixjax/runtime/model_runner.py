@@ -65,11 +65,6 @@ class RunnerConfig:
     page_size: int = 1  # the allocator's page size, or 1 (valid for any allocation)
     kv_dtype: str = "float32"
     mla_absorb: bool = True  # MLA decode in the latent space; False: expanded (reference)
-    # step programs of at most this many tokens run the layers unrolled instead of one
-    # lax.scan over stacked weights: faster small-batch decode on the CPU (B = 1 ~1.6x),
-    # ~4x their compile time, and a second copy of the layer weights unless every bucket
-    # is unrolled (model/layer_stack.py, benchmarks/README.md). 0: never.
-    unroll_max_tokens: int = 0
     # "w8a8_int8": int8 layer matrices and activations (model/quant.py); "none": as loaded
     quantization: str = "none"
     # DP attention ranks (engine/dp_attention.py): each rank has num_slots pool slots and
@@ -251,11 +246,7 @@ class ModelRunner:
             params = jax.device_put(params, inputs)
         else:
             inputs = pool_sharding = None
-        # Stacked per layer group for the forward's scan (a copy of the layer weights);
-        # as loaded for the buckets that run the layers unrolled.
-        unrolled_all = config.unroll_max_tokens >= config.max_batch_tokens
-        self.params = params if unrolled_all else stack_layers(cfg, params)
-        self.layer_params = params if config.unroll_max_tokens > 0 else None
+        self.params = stack_layers(cfg, params)  # per layer group, for the forward's scan
         self.config = config
         self.buckets = config.buckets
         self._inputs, self._pool_sharding = inputs, pool_sharding
@@ -300,16 +291,10 @@ class ModelRunner:
     def _args(self, batch: HostBatch, sp: SamplingArrays, opts: StepOptions,
               token_mask: np.ndarray | None) -> tuple:
         scores = batch.scores or PromptScores.none(batch.shape.num_tokens)
-        return (self._params_for(batch.shape.num_tokens), self.kv, self.req_to_token,
+        return (self.params, self.kv, self.req_to_token,
                 self.last_tokens, self.token_counts,
                 *self._put((batch.input_ids, batch.src, scores, batch.md, sp)),
                 self._mask_for(batch, token_mask), self._put(opts.flags()))
-
-    def _params_for(self, num_tokens: int) -> Params:
-        """The weights a program of this bucket runs: per layer (unrolled) or stacked."""
-        if self.layer_params is not None and num_tokens <= self.config.unroll_max_tokens:
-            return self.layer_params
-        return self.params
 
     def _put(self, tree: Any) -> Any:
         """Host arrays -> step inputs (replicated on the mesh). Over several processes
@@ -378,7 +363,7 @@ class ModelRunner:
         self._sync_rows(batch)
         ids, src, md = self._put((batch.input_ids, batch.src, batch.md))
         logits, self.kv, self.req_to_token = self._logits(
-            self._params_for(batch.shape.num_tokens), self.kv, self.req_to_token, ids, src, md)
+            self.params, self.kv, self.req_to_token, ids, src, md)
         num_real = int(batch.md.q_len.sum())
         return np.asarray(logits[:num_real])
 
