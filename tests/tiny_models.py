@@ -11,6 +11,9 @@ from typing import Any
 # the flag changes speed only, never the numbers.
 EIGHT_CPU_DEVICES_XLA_FLAGS = ("--xla_force_host_platform_device_count=8 "
                                "--xla_backend_optimization_level=0")
+# The same, in process: the `xla_options` of a runner or engine of a tiny model (its
+# programs only; the SmolLM2 engines of the same pytest process keep XLA's defaults).
+FAST_COMPILE = (("xla_backend_optimization_level", 0),)
 
 _COMMON: dict[str, Any] = dict(
     vocab_size=256, hidden_size=64, num_hidden_layers=2,

@@ -16,9 +16,10 @@ from radixjax import Engine, SamplingParams
 from radixjax.engine.data_parallel import DataParallelEngine, device_slices
 from radixjax.engine.dp_router import DPRouter
 from radixjax.loaders import load_model
-from tests.tiny_models import EIGHT_CPU_DEVICES_XLA_FLAGS
+from tests.tiny_models import EIGHT_CPU_DEVICES_XLA_FLAGS, FAST_COMPILE
 
-KW = dict(num_slots=1024, max_running=4, max_context=96, max_prefill_tokens=64, chunk_size=64)
+KW = dict(num_slots=1024, max_running=4, max_context=96, max_prefill_tokens=64, chunk_size=64,
+          xla_options=FAST_COMPILE)
 GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
 
 

@@ -14,8 +14,10 @@ from radixjax.engine.config import EngineConfigError
 from radixjax.engine.scheduler import EngineError, RequestError
 from radixjax.loaders import load_model
 from radixjax.sampling.params import SamplingParamsError
+from tests.tiny_models import FAST_COMPILE
 
-KW = dict(num_slots=1024, max_running=4, max_context=96, max_prefill_tokens=64, chunk_size=64)
+KW = dict(num_slots=1024, max_running=4, max_context=96, max_prefill_tokens=64, chunk_size=64,
+          xla_options=FAST_COMPILE)
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
 
 

@@ -15,10 +15,11 @@ from radixjax.runtime import batch as batch_module
 from radixjax.runtime.batch import SHARED_PREFIX_MIN
 from tests.conftest import SMOLLM2_ENGINE
 from tests.engine.helpers import assert_same_or_near_tie, sequential_reference
+from tests.tiny_models import FAST_COMPILE
 
 SP = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
 BASE = dict(num_slots=2048, max_running=8, max_context=128, max_prefill_tokens=64,
-            chunk_size=64)
+            chunk_size=64, xla_options=FAST_COMPILE)
 
 PATHS = {
     "cache+overlap": {},
@@ -126,7 +127,8 @@ def test_mla_model_paths_match_sequential(tiny_model_dir, shared_steps) -> None:
     prompts = [list(rng.integers(3, 200, n)) for n in (4, 27, 12)]
     prompts += [shared + list(rng.integers(3, 200, k)) for k in (5, 9)]
     kw = dict(num_slots=1024, max_running=8, max_context=96, max_prefill_tokens=16,
-              chunk_size=8, page_size=16, warmup=False, params=m.params, model_config=m.cfg)
+              chunk_size=8, page_size=16, warmup=False, params=m.params, model_config=m.cfg,
+              xla_options=FAST_COMPILE)
     ref = sequential_reference(kw, prompts, SP)
     shared_steps.clear()
     with Engine(**dict(kw, retract_every=2)) as e:

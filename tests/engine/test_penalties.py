@@ -11,10 +11,11 @@ from radixjax import Engine, SamplingParams
 from radixjax.loaders import load_model
 from radixjax.runtime.batch import RequestSlice, build_batch
 from tests.model.harness import tiny_runner
+from tests.tiny_models import FAST_COMPILE
 
 FREQ, PRES, N = 0.7, 0.9, 10
 BASE = dict(num_slots=1024, max_running=4, max_context=96, max_prefill_tokens=64,
-            chunk_size=64)
+            chunk_size=64, xla_options=FAST_COMPILE)
 
 
 def reference(m, prompt: list[int], freq: float, pres: float) -> list[int]:

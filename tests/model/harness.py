@@ -7,6 +7,7 @@ import numpy as np
 from radixjax.model.config import ModelConfig
 from radixjax.model.params import Params
 from radixjax.runtime.model_runner import ModelRunner, RunnerConfig
+from tests.tiny_models import FAST_COMPILE
 
 
 def rel_err(ours: np.ndarray, ref: np.ndarray) -> float:
@@ -26,6 +27,7 @@ class ScatteredSlots:
 
 
 def tiny_runner(cfg: ModelConfig, params: Params, **kw: int | str) -> ModelRunner:
-    config = dict(num_slots=512, max_batch_tokens=64, max_running=4, max_context=64)
+    config = dict(num_slots=512, max_batch_tokens=64, max_running=4, max_context=64,
+                  xla_options=FAST_COMPILE)
     config.update(kw)
     return ModelRunner(cfg, params, RunnerConfig(**config))  # type: ignore[arg-type]

@@ -16,6 +16,7 @@ from radixjax.model.config import ModelConfig
 from radixjax.model.params import init_params
 from radixjax.runtime.batch import RequestSlice, build_batch
 from tests.model.harness import rel_err, tiny_runner
+from tests.tiny_models import FAST_COMPILE
 
 
 class ScatteredPages:
@@ -83,7 +84,8 @@ def test_engine_page_16_pallas_generates_like_native(tiny_model_dir) -> None:
     sp = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
     # warmup=False: only the programs these steps use (warm-up is tested elsewhere)
     kw = dict(params=m.params, model_config=m.cfg, num_slots=512, max_running=4,
-              max_context=64, max_prefill_tokens=16, chunk_size=8, warmup=False)
+              max_context=64, max_prefill_tokens=16, chunk_size=8, warmup=False,
+              xla_options=FAST_COMPILE)
     def run(e: Engine) -> tuple[list[list[int]], int]:
         outs = e.generate(prompts[:4], sp) + e.generate(prompts[4:], sp)  # last one: a hit
         e.check_integrity()

@@ -20,14 +20,14 @@ import openai
 import pytest
 
 from tests.server.conftest import Launched, free_port, launch_server, wait_healthy, wait_idle
-from tests.tiny_models import save_char_tokenizer
+from tests.tiny_models import FAST_COMPILE, save_char_tokenizer
 
 pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[2]
 # Small buckets (T = 1 .. 16: five step programs), so rank 1 compiles little.
 CONFIG = dict(num_slots=2048, max_running=4, max_context=256, max_prefill_tokens=16,
-              chunk_size=16)
+              chunk_size=16, xla_options=FAST_COMPILE)
 FLAGS = ["--num-slots", "2048", "--max-running", "4", "--context-length", "256",
          "--max-prefill-tokens", "16", "--chunk-size", "16", "--dist-timeout", "5"]
 # Prompts with shared prefixes (radix hits), short and long (chunked prefill).

@@ -17,7 +17,7 @@ import pytest
 
 from radixjax import Engine, SamplingParams
 from tests.server.conftest import launch_server, wait_healthy, wait_idle
-from tests.tiny_models import save_char_chat_model
+from tests.tiny_models import FAST_COMPILE, save_char_chat_model
 
 pytest.importorskip("torch")
 
@@ -40,7 +40,7 @@ def model(tiny_model_dir, tmp_path_factory) -> Path:
 def one_device_reference(model: Path) -> dict:
     """One device, in process: greedy and seeded (temperature 1) text per prompt."""
     with Engine(model, num_slots=1024, max_running=8, max_context=256,
-                max_prefill_tokens=32, chunk_size=32, warmup=False) as e:
+                max_prefill_tokens=32, chunk_size=32, warmup=False, xla_options=FAST_COMPILE) as e:
         greedy = SamplingParams(max_new_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
         out = {"greedy": [o.text for o in e.generate(PROMPTS, greedy)]}
         out["seeded"] = [e.generate(p, SamplingParams(max_new_tokens=MAX_TOKENS, seed=i,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 POLICIES = ("lpm", "dfs-weight", "fcfs")
 DISAGGREGATION_MODES = ("null", "prefill", "decode")  # SGLang's names
@@ -46,6 +47,9 @@ class EngineConfig:
     enable_dp_attention: bool = False
     disaggregation_mode: str = "null"  # prefill / decode server of a PD pair (disagg/)
     disaggregation_timeout: float = 30.0  # s: a room's prefill, fetch and pull, each
+    # XLA compiler options of the step programs, (name, value) pairs
+    # (RunnerConfig.xla_options); (): XLA's defaults
+    xla_options: tuple[tuple[str, Any], ...] = ()
 
     @property
     def max_step_tokens(self) -> int:

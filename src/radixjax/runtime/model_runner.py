@@ -70,6 +70,10 @@ class RunnerConfig:
     # DP attention ranks (engine/dp_attention.py): each rank has num_slots pool slots and
     # max_running + 1 table rows of its own, and a step is one chunk of a bucket per rank
     dp_ranks: int = 1
+    # XLA compiler options of every program, as (name, value) pairs: JAX's per-jit
+    # `compiler_options` (e.g. ("xla_backend_optimization_level", 0) compiles ~45 %
+    # faster and runs far slower: the test suite's tiny models). (): XLA's defaults.
+    xla_options: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in DTYPES:
@@ -193,7 +197,8 @@ def _all_logits(
 
 @cache
 def _jitted(cfg: ModelConfig, backend: str, page_size: int, layout: Layout | None,
-            pool_sharding: jax.sharding.Sharding | None, mla_absorb: bool = True) -> tuple:
+            pool_sharding: jax.sharding.Sharding | None, mla_absorb: bool = True,
+            xla_options: tuple[tuple[str, Any], ...] = ()) -> tuple:
     """(step, all_logits, sync_row) jitted for these statics. Memoized: runners with equal
     statics share the jitted functions, so JAX's in-memory caches (trace, lowering,
     executable) serve a second runner in this process without tracing or loading again
@@ -208,11 +213,12 @@ def _jitted(cfg: ModelConfig, backend: str, page_size: int, layout: Layout | Non
         rep = layout.replicated
         step_out = dict(out_shardings=(rep, pool_sharding, rep, rep, rep))
         logits_out = dict(out_shardings=(rep, pool_sharding, rep))
-    step = jax.jit(partial(_step, **statics), **step_out,
+    options = dict(compiler_options=dict(xla_options) or None)
+    step = jax.jit(partial(_step, **statics), **step_out, **options,
                    donate_argnames=("kv", "table", "last_tokens", "counts"))
-    logits = jax.jit(partial(_all_logits, **statics), **logits_out,
+    logits = jax.jit(partial(_all_logits, **statics), **logits_out, **options,
                      donate_argnames=("kv", "table"))
-    return step, logits, jax.jit(_sync_row, donate_argnames="table")
+    return step, logits, jax.jit(_sync_row, donate_argnames="table", **options)
 
 
 class ModelRunner:
@@ -259,7 +265,7 @@ class ModelRunner:
         self.reset_state()
         self._step, self._logits, self._sync = _jitted(
             self.run_cfg, self.attention_backend, config.page_size, layout, pool_sharding,
-            config.mla_absorb)
+            config.mla_absorb, config.xla_options)
         self._no_mask: dict[int, jax.Array] = {}  # all-ones grammar mask per B, on device
         self.programs = StepPrograms(self._step, self._example_args)
 
