@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from radixjax.sampling.params import SamplingArrays, SamplingParams, SamplingParamsError
-from radixjax.sampling.sampler import sample
+from radixjax.sampling.sampler import DRAW_BLOCK, _draw, _first_past, sample
 
 VOCAB = 50
 ROWS = 4000
@@ -156,3 +156,28 @@ def test_logprobs_come_from_the_unmasked_logits(probs) -> None:
 def test_bad_params_raise(kwargs) -> None:
     with pytest.raises(SamplingParamsError):
         SamplingParams(**kwargs)
+
+
+def test_the_two_level_draw_follows_a_large_vocabulary() -> None:
+    """Many blocks (DRAW_BLOCK tokens each, the last one padded): block by mass, then a
+    token within it; masked (-inf) tokens are never drawn, even by a uniform at 1."""
+    rng = np.random.default_rng(3)
+    vocab = 3 * DRAW_BLOCK + 37
+    probs = rng.dirichlet(np.ones(vocab) * 0.3)
+    probs[DRAW_BLOCK:2 * DRAW_BLOCK] = 0.0  # a whole block masked
+    probs[-5:] = 0.0  # the tail of the padded last block too
+    probs /= probs.sum()
+    with np.errstate(divide="ignore"):
+        logits = jnp.asarray(np.log(probs), jnp.float32)  # -inf where 0
+    keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(11), i))(jnp.arange(20000))
+    got = np.asarray(jax.jit(jax.vmap(_draw, in_axes=(0, None)))(keys, logits))
+    assert probs[got].min() > 0
+    counts = np.bincount(got, minlength=vocab) / len(got)
+    blocks = np.add.reduceat(probs, np.arange(0, vocab, DRAW_BLOCK))
+    assert np.abs(np.add.reduceat(counts, np.arange(0, vocab, DRAW_BLOCK)) - blocks).max() < 0.02
+    assert np.abs(counts - probs).max() < 0.01
+    # a draw rounded up to the whole mass takes the last entry of positive mass
+    mass = jnp.asarray([0.5, 0.0, 0.5, 0.0, 0.0])
+    assert int(_first_past(jnp.cumsum(mass), jnp.float32(1.0), mass)) == 2
+    assert int(_first_past(jnp.cumsum(mass), jnp.float32(0.0), mass)) == 0
+    assert int(_first_past(jnp.cumsum(mass), jnp.float32(0.5), mass)) == 2

@@ -45,6 +45,32 @@ def _kept(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array,
     return scaled >= cutoff
 
 
+DRAW_BLOCK = 128  # tokens per block of the two-level draw
+
+
+def _first_past(cum: jax.Array, frac: jax.Array, mass: jax.Array) -> jax.Array:
+    """Index of the first entry whose cumulative mass passes frac * total ([] int32); never
+    an entry of zero mass (a draw rounded up to the total takes the last positive one)."""
+    first = jnp.sum(cum <= frac * cum[-1])
+    last_positive = mass.shape[0] - 1 - jnp.argmax(mass[::-1] > 0)
+    return jnp.minimum(first, last_positive)
+
+
+def _draw(key: jax.Array, scaled: jax.Array) -> jax.Array:
+    """One token ~ softmax(scaled) ([V] f32, -inf = excluded) by inverse CDF in two levels:
+    a block of DRAW_BLOCK tokens by its mass, then a token in it; two uniforms per row.
+    jax.random.categorical draws one Gumbel per token instead: 49152 threefry draws per
+    row cost ~1.2 ms on the CPU (B = 32: ~37 ms of a step), this ~0.07 ms."""
+    vocab = scaled.shape[0]
+    p = jnp.exp(scaled - jnp.max(scaled))  # [V], the largest is 1
+    p = jnp.pad(p, (0, -vocab % DRAW_BLOCK)).reshape(-1, DRAW_BLOCK)  # [nb, BLOCK]
+    u_block, u_token = jax.random.uniform(key, (2,))
+    mass = jnp.sum(p, axis=1)  # [nb]
+    b = _first_past(jnp.cumsum(mass), u_block, mass)
+    row = p[b]  # [BLOCK]
+    return (b * DRAW_BLOCK + _first_past(jnp.cumsum(row), u_token, row)).astype(jnp.int32)
+
+
 def _sample_row(
     logits: jax.Array,  # [V] f32
     temperature: jax.Array,
@@ -55,12 +81,12 @@ def _sample_row(
     truncate: jax.Array,  # [] bool: some row of the step truncates (else skip the sort)
 ) -> jax.Array:
     scaled = logits / jnp.maximum(temperature, 1e-6)
-    # The draw is over the vocabulary in token order, so each token meets the same noise
-    # whatever its rank: a row samples the same token whether or not the sort ran.
+    # A row that keeps every token draws from the same logits whether or not the sort ran
+    # (for another row of its step): the same token.
     scaled = jax.lax.cond(
         truncate, lambda x: jnp.where(_kept(x, top_k, top_p, min_p), x, -jnp.inf),
         lambda x: x, scaled)
-    sampled = jax.random.categorical(key, scaled)
+    sampled = _draw(key, scaled)
     return jnp.where(temperature > 0.0, sampled, jnp.argmax(logits)).astype(jnp.int32)
 
 
