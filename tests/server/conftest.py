@@ -10,6 +10,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import IO, NamedTuple
 
 import httpx
@@ -109,7 +110,8 @@ def start_router(args: list[str]) -> tuple[subprocess.Popen, str]:
     port = free_port()
     log = tempfile.TemporaryFile("w+")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+        [sys.executable, str(Path(__file__).with_name("sglang_router_main.py")),
+         "--host", "127.0.0.1",
          "--port", str(port), "--prometheus-port", str(free_port()),  # default: 29000
          *args], stdout=log, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
