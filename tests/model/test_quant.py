@@ -13,7 +13,9 @@ from radixjax.engine.config import EngineConfig, EngineConfigError
 from radixjax.engine.engine import runner_config_for
 from radixjax.loaders import load_model
 from radixjax.model.dense_weights import LINEAR_WEIGHTS
+from radixjax.model.llama import lm_head
 from radixjax.model.quant import (
+    HEAD_ROWS_MAX,
     Int8Weight,
     int8_linear,
     quantize_int8,
@@ -83,6 +85,28 @@ def test_int8_runner_tracks_f32(family: str, tiny_model_dir) -> None:
     for batch in (prefill, decode):
         ref, ours = (r.all_logits(batch) for r in (f32, int8))
         assert 0 < rel_err(ours, ref) < 0.15  # measured: DeepSeek 7 %
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_int8_head_for_one_or_two_rows(family: str, tiny_model_dir) -> None:
+    """The LM head's int8 copy (of the embedding when tied, llama; of lm_head, mistral),
+    one scale per vocabulary row: steps of up to HEAD_ROWS_MAX rows take it (logits
+    within 2 % of the f32 head's), larger ones the f32 head (exactly)."""
+    m = load_model(tiny_model_dir(family), load_tokenizer=False)
+    head = m.params["embed"] if m.cfg.tie_word_embeddings else m.params["lm_head"]
+    assert m.cfg.tie_word_embeddings == (family == "llama") and "lm_head_int8" not in m.params
+    q = quantize_params(m.params, "w8a8_int8")
+    np.testing.assert_array_equal(q["lm_head_int8"].q, quantize_int8(head.T).q)
+    assert q["lm_head_int8"].q.shape == head.shape
+    h = jnp.asarray(np.random.default_rng(4).standard_normal((HEAD_ROWS_MAX + 1, head.shape[1]),
+                                                             np.float32))
+    for n in range(1, HEAD_ROWS_MAX + 2):
+        exact = np.asarray(lm_head(m.params, h[:n], m.cfg))
+        ours = np.asarray(lm_head(q, h[:n], m.cfg))
+        if n <= HEAD_ROWS_MAX:
+            assert 0 < rel_err(ours, exact) < 0.02
+        else:
+            np.testing.assert_array_equal(ours, exact)
 
 
 def test_quantization_option_reaches_the_runner_on_one_device_only() -> None:
