@@ -14,8 +14,11 @@ setup-run:
 	bash scripts/setup.sh run
 
 # pytest exits 5 when it collects nothing: a run that tests nothing fails loudly.
+# PYTHONDONTWRITEBYTECODE (set on some machines) is dropped: the suite starts ~25 Python
+# processes (servers, ranks, 8-device checks) that would each compile jax's, torch's and
+# transformers' sources to bytecode again (~5-7 s of CPU each).
 test: setup-test
-	@.venv/bin/python -m pytest -q --durations=15 -n 2 --dist loadfile $(PYTEST_ARGS); rc=$$?; \
+	@env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest -q --durations=15 -n 2 --dist loadfile $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
 run: setup-run
