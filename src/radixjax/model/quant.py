@@ -26,8 +26,10 @@ Which matrices: those the forward runs through `layers.linear`
 except for one token: XLA runs an int8 vector product in int32 on a converted copy of the
 weight (SmolLM2 B = 1 ~69 ms), so T = 1 multiplies the int8 values as f32 in
 model/dense_weights.py's in-place vector product (~38 ms; the same integer sums, exact in
-f32 below 2^24). Per row at T = 2..4 that form ran 2-4x slower than the int8 GEMM (a
-30-layer chain of one matrix)."""
+f32 below 2^24). Per row at T = 2..8 that form ran slower than the int8 GEMM (whole steps,
+B = 4 and 8 ~1.2x). The rounded activations stay f32 there (the same integers): XLA fuses
+their rounding into the product's loop, and a round trip through int8 inside that loop
+made SmolLM2's w8a8 B = 1 step 25 ms instead of 17 (benchmarks/README.md, W8A8 at B = 1)."""
 
 from __future__ import annotations
 
@@ -59,11 +61,11 @@ def quantize_int8(w: jax.Array) -> Int8Weight:
 def int8_linear(x: jax.Array, w: Int8Weight) -> jax.Array:
     """x [T, I] f32 -> [T, O] f32, through int8 activations (one scale per token)."""
     a = jnp.maximum(jnp.max(jnp.abs(x), axis=-1, keepdims=True), 1e-30) / 127  # [T, 1]
-    xq = jnp.round(x / a).astype(jnp.int8)
+    xq = jnp.round(x / a)  # integers in [-127, 127], exact in f32
     if x.shape[0] == 1:  # XLA runs an int8 vector product as int32 (a converted copy)
-        y = out_in_linear(xq.astype(jnp.float32), OutIn(w.q.astype(jnp.float32)))
+        y = out_in_linear(xq, OutIn(w.q.astype(jnp.float32)))
     else:
-        y = jax.lax.dot_general(xq, w.q, (((1,), (1,)), ((), ())),
+        y = jax.lax.dot_general(xq.astype(jnp.int8), w.q, (((1,), (1,)), ((), ())),
                                 preferred_element_type=jnp.int32).astype(jnp.float32)
     return y * a * w.scale
 
