@@ -48,9 +48,19 @@ def numpy_decode(q, k_pool, v_pool, slots, window):
 def test_decode_matches_numpy(num_kv_heads: int, window: int | None, block_k: int,
                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(na, "decode_block_k", lambda batch: block_k)
+    _check_decode(num_kv_heads, window, [3, 300, 900])  # several key blocks, and a tail
+
+
+def test_decode_blocks_start_at_the_first_own_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Windows near the end of the table row: the key blocks start at the earliest
+    window's first key (not a multiple of the block) and run past the row's width."""
+    monkeypatch.setattr(na, "decode_block_k", lambda batch: DECODE_MAX_BLOCK_K)
+    _check_decode(2, 7, [1000, 1013, 1020])
+
+
+def _check_decode(num_kv_heads: int, window: int | None, kv_lens: list[int]) -> None:
     rng = np.random.default_rng(num_kv_heads)
-    group, dh, num_slots = 2, 8, 1300
-    kv_lens = [3, 300, 900]  # across several key blocks, and a tail
+    group, dh, num_slots = 2, 8, 3100
     k_pool = rng.standard_normal((num_slots, num_kv_heads, dh)).astype(np.float32)
     v_pool = rng.standard_normal((num_slots, num_kv_heads, dh)).astype(np.float32)
     table = np.zeros((len(kv_lens) + 1, TABLE_ALIGN * 2), np.int32)
@@ -205,6 +215,6 @@ def test_decode_form_follows_kv_heads_and_batch() -> None:
 
 
 def test_decode_key_block_follows_batch() -> None:
-    """About 2048 pool rows per loop step, in blocks of 32..256 keys (powers of two)."""
+    """About 512 pool rows per loop step, in blocks of 32..256 keys (powers of two)."""
     assert [decode_block_k(b) for b in (1, 8, 9, 16, 32, 64, 1024)] == [
-        256, 256, 128, 128, 64, 32, 32]
+        256, 64, 32, 32, 32, 32, 32]

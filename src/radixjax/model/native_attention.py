@@ -39,12 +39,15 @@ from radixjax.model.attention import (
     write_kv,
 )
 
-# Decode reads B x block_k pool rows per loop step: about DECODE_BLOCK_ROWS of them, so a
-# step's gathered keys and values (2 x 1.5 MB for SmolLM2) stay in the CPU's cache, in
-# blocks of 32..256 keys. SmolLM2 decode steps, context 512: B = 32 464 -> 344 ms (256 ->
-# 64 keys), context 2048: 1485 -> 742 ms; B = 1 at 4k context keeps 256 (97 ms; 64 keys:
-# 138 ms, the loop's per-step cost). benchmarks/README.md, decode key blocks.
-DECODE_BLOCK_ROWS = 2048
+# Decode reads B x block_k pool rows per loop step: about DECODE_BLOCK_ROWS of them, in
+# blocks of 32..256 keys (B = 1, 2: 256; 4: 128; 8: 64; 16 and up: 32). The blocks start
+# at the earliest own key, so after a shared prefix a block holds little padding. SmolLM2
+# decode steps: B = 32 context 512, 256 -> 64 keys: 464 -> 344 ms; 2048 rows -> 512 with
+# the unaligned start, w8a8, 800 of 850 keys shared: B = 8 85 -> 64 ms, B = 16 112 -> 96,
+# B = 32 190 -> 168; nothing shared, context 1024: B = 8 149 -> 121, B = 16 238 -> 209,
+# B = 32 401 -> 383 (min of alternating rounds); B = 1 at 4k context keeps 256 (97 ms; 64
+# keys: 138 ms, the loop's per-step cost). benchmarks/README.md, decode key blocks.
+DECODE_BLOCK_ROWS = 512
 DECODE_MIN_BLOCK_K, DECODE_MAX_BLOCK_K = 32, 256
 # keys per step of the shared-prefix pass: 512 for up to SHARED_SMALL_ROWS query rows
 # (decode steps), else 256 (the score block is rows x keys). SmolLM2 w8a8 decode, 800
@@ -195,9 +198,17 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
         acc = (eye * acc[:, :, :, None, :]).reshape(b, num_q_heads, width)
         m, denom = m.reshape(b, num_q_heads), denom.reshape(b, num_q_heads)
 
+    # each request's first own key (past its shared prefix and its window's start); the
+    # blocks start at the earliest of them, not at a multiple of block_k
+    first = shared if window is None else jnp.maximum(shared, kv_len - window)
+    start = jnp.min(jnp.where(is_decode, first, jnp.iinfo(jnp.int32).max))
+    start = jnp.minimum(start, jnp.max(kv_len))
+    table_width = md.req_to_token.shape[1]
+
     def body(j: jax.Array, carry: tuple) -> tuple:
-        cols = j * block_k + jnp.arange(block_k, dtype=jnp.int32)  # [BK]
-        slots = md.req_to_token[md.req_row[:, None], cols[None, :]] + md.layer_base  # [B, BK]
+        cols = start + j * block_k + jnp.arange(block_k, dtype=jnp.int32)  # [BK]
+        table_cols = jnp.minimum(cols, table_width - 1)[None, :]  # past the row: masked below
+        slots = md.req_to_token[md.req_row[:, None], table_cols] + md.layer_base  # [B, BK]
         valid = (cols[None, :] >= shared[:, None]) & (cols[None, :] < kv_len[:, None])
         if window is not None:
             valid &= cols[None, :] >= kv_len[:, None] - window
@@ -211,12 +222,8 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
         s = jnp.where(valid[:, None, None, :], s, MASK_VALUE)
         return _softmax_step(carry, s, v, "bhgk,bkhd->bhgd")
 
-    # each request's first own key (past its shared prefix and its window's start)
-    first = shared if window is None else jnp.maximum(shared, kv_len - window)
-    first = jnp.where(is_decode, first, jnp.iinfo(jnp.int32).max)
-    hi = (jnp.max(kv_len) + block_k - 1) // block_k
-    lo = jnp.minimum(jnp.min(first) // block_k, hi)
-    out = _finish(lax.fori_loop(lo, hi, body, (m, denom, acc)))
+    steps = (jnp.max(kv_len) - start + block_k - 1) // block_k
+    out = _finish(lax.fori_loop(0, steps, body, (m, denom, acc)))
     if block_diagonal:
         out = out.reshape(b, num_kv_heads, group, num_kv_heads, head_dim)
         out = (out * eye).sum(axis=3)  # own head's block
