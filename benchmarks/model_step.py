@@ -1,5 +1,5 @@
 """Model step speed on the default model (SmolLM2-135M): decode step time at batch
-1/8/32/64 (context 512) and prefill tokens/s at 512 and 2048 tokens, float32 vs bfloat16
+1/8/16/32/64 (context 512) and prefill tokens/s at 512 and 2048 tokens, float32 vs bfloat16
 weights (or, with --quant, float32 vs int8 layer weights and activations,
 `--quantization w8a8_int8`), the compile time of each step program, and the
 memory-bandwidth floor (weight bytes / measured read bandwidth).
@@ -74,7 +74,7 @@ def bench(dtype: str, steps: int, quantization: str = "none") -> dict[str, float
     del m.params
     out: dict[str, float] = {"weight_bytes": num_param_bytes(runner.params)}
     compiles: list[float] = []
-    for b in (1, 8, 32, 64):
+    for b in (1, 8, 16, 32, 64):
         reqs = [
             RequestSlice(rng.integers(0, m.cfg.vocab_size, 1).astype(np.int32),
                          (1 + i * CONTEXT + np.arange(CONTEXT)).astype(np.int32))
@@ -117,7 +117,7 @@ def main() -> None:
           f"{z['weight_bytes'] / 1e6:.0f} MB | |")
     print(f"| bandwidth floor per step | {a['floor'] * 1e3:.1f} ms | "
           f"{z['floor'] * 1e3:.1f} ms | |")
-    for b in (1, 8, 32, 64):
+    for b in (1, 8, 16, 32, 64):
         f, h = a[f"decode_b{b}"], z[f"decode_b{b}"]
         print(f"| decode b={b} ctx={CONTEXT}: ms/step (x floor), tok/s | "
               f"{f * 1e3:.1f} ({f / a['floor']:.1f}x), {b / f:.0f} | "

@@ -14,6 +14,7 @@ from radixjax.model.native_attention import (
     BLOCK_DIAGONAL_MAX_KV_HEADS,
     DECODE_MAX_BLOCK_K,
     DECODE_MIN_BLOCK_K,
+    EXTEND_BLOCK_K,
     decode_block_k,
     native_attention,
     uses_block_diagonal,
@@ -133,17 +134,22 @@ def test_decode_with_shared_prefix_matches_numpy(num_kv_heads: int,
 
 
 @pytest.mark.parametrize("window", [None, 7, 400])
-def test_extend_with_shared_prefix_matches_numpy(window: int | None) -> None:
-    """A mixed step: two extend requests (one over two query tiles) and a decode request
+@pytest.mark.parametrize("block_k", [EXTEND_BLOCK_K, 256])
+def test_extend_with_shared_prefix_matches_numpy(window: int | None, block_k: int,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mixed step: two extend requests (one over several query tiles) and a decode request
     on a 300-key cached prefix they share, and an extend request of its own; every new
     token gets causal attention over its request's keys. (Extend has one form; the
-    decode forms by KV heads are the test above.)"""
+    decode forms by KV heads are the test above.) Key blocks start at a tile's first own
+    key; with 128 keys the later tiles' last blocks run past the table row, so they are
+    read from 128 keys before the row's end, the keys already read masked."""
+    monkeypatch.setattr(na, "EXTEND_BLOCK_K", block_k)
     num_kv_heads, group, dh = 2, 2, 8
     k_pool, v_pool, take = _pools(window or 0, 2000, num_kv_heads, dh)
     rng = np.random.default_rng((window or 0) + 1)  # the queries
     prefix = take(300)
-    rows = [np.concatenate([prefix, take(n)]) for n in (10 + 50, 130, 1)] + [take(70)]
-    q_lens = [50, 130, 1, 30]
+    rows = [np.concatenate([prefix, take(n)]) for n in (10 + 50, 200, 1)] + [take(70)]
+    q_lens = [50, 200, 1, 30]
     shared_len = [300, 300, 300, 0]
     b, t = len(rows), sum(q_lens)
     pad = SHARED_PREFIX_MIN_BATCH - b  # padded requests: empty, after the real tokens

@@ -54,8 +54,13 @@ DECODE_MIN_BLOCK_K, DECODE_MAX_BLOCK_K = 32, 256
 # shared keys: 512 vs 256 B = 32 175 vs 208 ms/step, B = 8 within noise
 # (benchmarks/README.md, shared-prefix attention)
 SHARED_SMALL_ROWS, SHARED_SMALL_BLOCK_K, SHARED_BLOCK_K = 64, 512, 256
-EXTEND_BLOCK_Q = 128  # query tokens per extend tile
-EXTEND_BLOCK_K = 256  # keys per extend loop step
+# Extend tiles of 64 query tokens, key blocks of 128 from the tile's first own key.
+# SmolLM2 w8a8 prefill steps (min ms, alternating rounds, against 128 x 256 blocks at
+# multiples of 256): 8 requests x 50 new tokens on an 800-token shared prefix 1737 ->
+# 1363, a fresh 512-token prompt 1109 -> 1050, 512 tokens on 1536 cached 2199 -> 2227
+# (benchmarks/README.md, thirteenth session).
+EXTEND_BLOCK_Q = 64  # query tokens per extend tile
+EXTEND_BLOCK_K = 128  # keys per extend loop step
 assert all(TABLE_ALIGN % k == 0 for k in (DECODE_MAX_BLOCK_K, EXTEND_BLOCK_K,
                                         SHARED_SMALL_BLOCK_K, SHARED_BLOCK_K))
 
@@ -253,6 +258,7 @@ def extend_attention(q: jax.Array, keys: KeySource, num_kv_heads: int, v_dim: in
                              + [(0, 0)] * (x.ndim - 3)) for x in prefix)
     qp = jnp.pad(q4, ((0, block_q), (0, 0), (0, 0), (0, 0)))
     (ids,) = jnp.nonzero(is_extend, size=b, fill_value=0)  # extend requests, in order
+    table_width = md.req_to_token.shape[1]
 
     def per_request(i: jax.Array, out: jax.Array) -> jax.Array:
         r = ids[i]
@@ -264,20 +270,23 @@ def extend_attention(q: jax.Array, keys: KeySource, num_kv_heads: int, v_dim: in
             qt = lax.dynamic_slice_in_dim(qp, off, block_q)  # [BQ, Hkv, G, Dh]
             q_pos = first_pos + qb * block_q + jnp.arange(block_q, dtype=jnp.int32)
             end = jnp.minimum(q_pos[-1] + 1, kv_len)  # keys the tile can see: < end
-            hi = (end + block_k - 1) // block_k
+            # its first own key (past the shared prefix and the window's start): the
+            # blocks start there, not at a multiple of block_k
             first = shared[r]
             if window is not None:
                 first = jnp.maximum(first, q_pos[0] - window + 1)
-            lo = jnp.minimum(first // block_k, hi)
+            first = jnp.minimum(first, end)
 
             def body(j: jax.Array, carry: tuple) -> tuple:
-                k_pos = j * block_k + jnp.arange(block_k, dtype=jnp.int32)  # [BK]
-                slots = lax.dynamic_slice(md.req_to_token, (row, j * block_k),
+                col = first + j * block_k  # the block's first key
+                at = jnp.minimum(col, table_width - block_k)  # the slice stays in the row
+                k_pos = at + jnp.arange(block_k, dtype=jnp.int32)  # [BK]
+                slots = lax.dynamic_slice(md.req_to_token, (row, at),
                                           (1, block_k))[0] + md.layer_base
                 k, v = keys(slots)  # [BK, Hkv, Dk], [BK, Hkv, Dv]
                 s = jnp.einsum("qhgd,khd->hgqk", qt, k)  # [Hkv, G, BQ, BK]
                 valid = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < kv_len)
-                valid &= k_pos[None, :] >= shared[r]
+                valid &= k_pos[None, :] >= col  # (a block moved back: keys read before)
                 if window is not None:
                     valid &= k_pos[None, :] > q_pos[:, None] - window
                 s = jnp.where(valid, s, MASK_VALUE)
@@ -285,7 +294,7 @@ def extend_attention(q: jax.Array, keys: KeySource, num_kv_heads: int, v_dim: in
 
             init = tuple(lax.dynamic_slice_in_dim(x, off, block_q, axis=2)
                          for x in (m, denom, acc))  # the shared prefix's part
-            carry = lax.fori_loop(lo, hi, body, init)
+            carry = lax.fori_loop(0, (end - first + block_k - 1) // block_k, body, init)
             tile = _finish(carry).transpose(2, 0, 1, 3)  # [BQ, Hkv, G, Dv]
             return lax.dynamic_update_slice_in_dim(out, tile, off, axis=0)
 
