@@ -15,9 +15,11 @@ from radixjax.model.native_attention import (
     DECODE_MAX_BLOCK_K,
     DECODE_MIN_BLOCK_K,
     EXTEND_BLOCK_K,
+    MULTIPLY_SUM_MAX_GROUP,
+    MULTIPLY_SUM_MIN_BATCH,
     decode_block_k,
+    decode_form,
     native_attention,
-    uses_block_diagonal,
 )
 from radixjax.runtime.batch import (
     SHARED_PREFIX_MIN,
@@ -43,12 +45,25 @@ def numpy_decode(q, k_pool, v_pool, slots, window):
     return out
 
 
-@pytest.mark.parametrize("num_kv_heads", [2, BLOCK_DIAGONAL_MAX_KV_HEADS + 4])
+# each decode form at B = 3 and 2 query heads per KV head (multiply_sum: its threshold
+# lowered), by its KV heads
+FORMS = {"block_diagonal": 2, "per_head": BLOCK_DIAGONAL_MAX_KV_HEADS + 4, "multiply_sum": 2}
+
+
+def _force_form(form: str, monkeypatch: pytest.MonkeyPatch) -> int:
+    if form == "multiply_sum":
+        monkeypatch.setattr(na, "MULTIPLY_SUM_MIN_BATCH", 1)
+    assert decode_form(FORMS[form], 2, 3) == form
+    return FORMS[form]
+
+
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("window", [None, 7])
 @pytest.mark.parametrize("block_k", [DECODE_MAX_BLOCK_K, DECODE_MIN_BLOCK_K])
-def test_decode_matches_numpy(num_kv_heads: int, window: int | None, block_k: int,
+def test_decode_matches_numpy(form: str, window: int | None, block_k: int,
                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(na, "decode_block_k", lambda batch: block_k)
+    num_kv_heads = _force_form(form, monkeypatch)
     _check_decode(num_kv_heads, window, [3, 300, 900])  # several key blocks, and a tail
 
 
@@ -98,13 +113,14 @@ def _pools(seed: int, num_slots: int, num_kv_heads: int, dh: int):
     return k_pool, v_pool, lambda n: np.array([next(perm) for _ in range(n)], np.int32)
 
 
-@pytest.mark.parametrize("num_kv_heads", [2, BLOCK_DIAGONAL_MAX_KV_HEADS + 4])
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("window", [None, 7, 400])
-def test_decode_with_shared_prefix_matches_numpy(num_kv_heads: int,
-                                                 window: int | None) -> None:
+def test_decode_with_shared_prefix_matches_numpy(form: str, window: int | None,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Three requests share a 600-key prefix (the same slots), read once by the shared
     pass; a fourth has its own keys; a fifth shares the prefix's slots but is not in the
     group (shared_len 0: it reads them itself). Each gets plain attention over its keys."""
+    num_kv_heads = _force_form(form, monkeypatch)
     group, dh = 2, 8
     k_pool, v_pool, take = _pools(num_kv_heads + (window or 0), 3000, num_kv_heads, dh)
     rng = np.random.default_rng(num_kv_heads + (window or 0) + 1)  # the queries
@@ -213,11 +229,13 @@ def test_steps_share_from_the_minimum_batch() -> None:
 
 
 def test_decode_form_follows_kv_heads_and_batch() -> None:
-    """The test above runs both forms (by KV heads, at B = 3); large batches take the
-    per-head form too (measured faster at B = 64)."""
-    assert uses_block_diagonal(2, 3) and uses_block_diagonal(3, 32)
-    assert not uses_block_diagonal(BLOCK_DIAGONAL_MAX_KV_HEADS + 4, 3)
-    assert not uses_block_diagonal(3, 64)
+    """The tests above run each form at B = 3; by default large batches multiply and sum
+    (measured faster from B = 16), smaller ones pick a GEMM form by their KV heads."""
+    below, many = MULTIPLY_SUM_MIN_BATCH - 1, MULTIPLY_SUM_MAX_GROUP + 1
+    assert decode_form(2, 2, 1) == decode_form(3, 3, below) == "block_diagonal"
+    assert decode_form(BLOCK_DIAGONAL_MAX_KV_HEADS + 4, 2, below) == "per_head"
+    assert decode_form(3, 3, MULTIPLY_SUM_MIN_BATCH) == decode_form(8, 4, 64) == "multiply_sum"
+    assert decode_form(1, many, 64) == "block_diagonal"  # e.g. MLA: many heads per KV head
 
 
 def test_decode_key_block_follows_batch() -> None:

@@ -155,14 +155,23 @@ def _shared_len(md: AttentionMetadata, rows: jax.Array) -> jax.Array:
 
 
 BLOCK_DIAGONAL_MAX_KV_HEADS = 4  # decode: one GEMM over all KV heads up to this many
-# ... and below this many requests: at B = 64 the per-head form's decode step ran ~17 %
-# faster for SmolLM2 (764 / 794 vs 951 / 922 ms, two runs, context 512); at B <= 32 the
-# two were within noise of each other (benchmarks/README.md, matmul.py section)
-BLOCK_DIAGONAL_MAX_BATCH = 32
+# From this many requests decode scores its own keys with a multiply-and-sum loop fusion
+# (no GEMM): whole SmolLM2 w8a8 steps at context 512, min ms against the block-diagonal
+# (B <= 32) and per-head (B = 64) GEMMs: B = 16 143 -> 121, B = 32 254 -> 221, B = 64
+# 527 -> 422; B = 8 75 -> 78 and B = 4 48 -> 46 (benchmarks/README.md, thirteenth session)
+# (measured with SmolLM2's 3 query heads per KV head; groups past MULTIPLY_SUM_MAX_GROUP,
+# e.g. MLA's latent pool read as one KV head, keep a GEMM form)
+MULTIPLY_SUM_MIN_BATCH, MULTIPLY_SUM_MAX_GROUP = 16, 4
 
 
-def uses_block_diagonal(num_kv_heads: int, batch: int) -> bool:
-    return num_kv_heads <= BLOCK_DIAGONAL_MAX_KV_HEADS and batch <= BLOCK_DIAGONAL_MAX_BATCH
+def decode_form(num_kv_heads: int, group: int, batch: int) -> str:
+    """How a decode step of `batch` requests scores each request's own keys:
+    "multiply_sum" from MULTIPLY_SUM_MIN_BATCH requests (up to MULTIPLY_SUM_MAX_GROUP
+    query heads per KV head), else "block_diagonal" up to BLOCK_DIAGONAL_MAX_KV_HEADS KV
+    heads, else "per_head" (batched GEMMs per KV head)."""
+    if batch >= MULTIPLY_SUM_MIN_BATCH and group <= MULTIPLY_SUM_MAX_GROUP:
+        return "multiply_sum"
+    return "block_diagonal" if num_kv_heads <= BLOCK_DIAGONAL_MAX_KV_HEADS else "per_head"
 
 
 def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
@@ -174,12 +183,14 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
     request's own from where its prefix ends, in blocks of decode_block_k(B) keys; other
     rows are garbage.
 
-    With few KV heads the own keys are not split per head: every query head scores the
-    whole gathered row [Hkv * Dh] against a block-diagonal query (zero outside its own KV
-    head), so each block is two plain batched GEMMs, [Hq, Hkv*Dh] x [Hkv*Dh, BK] and
-    back; the Hkv-fold wasted products cost less than XLA's CPU dot over tiny per-head
-    batches (SmolLM2, Hkv = 3: 2.5x faster per layer at 4k keys, benchmarks/README.md),
-    up to BLOCK_DIAGONAL_MAX_BATCH requests; past it the per-head form is faster."""
+    The own keys' scores take one of three forms (decode_form). Large batches: a
+    multiply-and-sum over each key block, which XLA fuses with the gathers into loops
+    (no GEMM). Fewer requests and few KV heads: the keys are not split per head; every
+    query head scores the whole gathered row [Hkv * Dh] against a block-diagonal query
+    (zero outside its own KV head), so each block is two plain batched GEMMs,
+    [Hq, Hkv*Dh] x [Hkv*Dh, BK] and back; the Hkv-fold wasted products cost less than
+    XLA's CPU dot over tiny per-head batches (SmolLM2, Hkv = 3: 2.5x faster per layer at
+    4k keys, benchmarks/README.md). Otherwise batched GEMMs per KV head."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
     group = num_q_heads // num_kv_heads
@@ -193,7 +204,8 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
         prefix = shared_prefix_pass(qd, pool_keys(k_pool, v_pool), head_dim, md, shared,
                                     kv_len - 1, window)
     m, denom, acc = prefix
-    block_diagonal = uses_block_diagonal(num_kv_heads, b)
+    form = decode_form(num_kv_heads, group, b)
+    block_diagonal = form == "block_diagonal"
     if block_diagonal:
         eye = jnp.eye(num_kv_heads, dtype=jnp.float32)[:, None, :, None]  # [Hkv, 1, Hkv, 1]
         width = num_kv_heads * head_dim
@@ -223,6 +235,15 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
             s = jnp.where(valid[:, None, :], s, MASK_VALUE)
             return _softmax_step(carry, s, v, "bqk,bkc->bqc")  # acc [B, Hq, Hkv * Dh]
         k, v = gather_rows(k_pool, slots), gather_rows(v_pool, slots)  # [B, BK, Hkv, Dh]
+        if form == "multiply_sum":
+            s = jnp.sum(qd[:, None] * k[:, :, :, None, :], axis=-1)  # [B, BK, Hkv, G]
+            s = jnp.where(valid[:, :, None, None], s, MASK_VALUE).transpose(0, 2, 3, 1)
+            m, denom, acc = carry
+            m_new = jnp.maximum(m, s.max(axis=-1))
+            alpha = jnp.exp(m - m_new)
+            p = jnp.exp(s - m_new[..., None])  # [B, Hkv, G, BK]
+            pv = jnp.sum(p.transpose(0, 3, 1, 2)[..., None] * v[:, :, :, None, :], axis=1)
+            return (m_new, denom * alpha + p.sum(axis=-1), acc * alpha[..., None] + pv)
         s = jnp.einsum("bhgd,bkhd->bhgk", qd, k)  # [B, Hkv, G, BK]
         s = jnp.where(valid[:, None, None, :], s, MASK_VALUE)
         return _softmax_step(carry, s, v, "bhgk,bkhd->bhgd")
