@@ -74,16 +74,23 @@ def decode_block_k(batch: int) -> int:
     return k
 
 
-def _softmax_step(carry: tuple, s: jax.Array, v: jax.Array, pv: str) -> tuple:
+def _softmax_update(carry: tuple, s: jax.Array,
+                    pv: Callable[[jax.Array], jax.Array]) -> tuple:
     """One online-softmax step. s: scores [..., K] (masked entries = MASK_VALUE);
-    carry (m [...], denom [...], acc [..., Dh]); pv: einsum of p [..., K] with v."""
+    carry (m [...], denom [...], acc [..., Dh]); pv: p [..., K] -> its product with the
+    block's values [..., Dh]."""
     m, denom, acc = carry
     m_new = jnp.maximum(m, s.max(axis=-1))
     alpha = jnp.exp(m - m_new)
     p = jnp.exp(s - m_new[..., None])
     denom = denom * alpha + p.sum(axis=-1)
-    acc = acc * alpha[..., None] + jnp.einsum(pv, p, v)
+    acc = acc * alpha[..., None] + pv(p)
     return m_new, denom, acc
+
+
+def _softmax_step(carry: tuple, s: jax.Array, v: jax.Array, pv: str) -> tuple:
+    """_softmax_update with pv the einsum `pv` of p and v."""
+    return _softmax_update(carry, s, lambda p: jnp.einsum(pv, p, v))
 
 
 def gather_rows(pool: jax.Array, slots: jax.Array, flat: bool = False) -> jax.Array:
@@ -238,12 +245,9 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
         if form == "multiply_sum":
             s = jnp.sum(qd[:, None] * k[:, :, :, None, :], axis=-1)  # [B, BK, Hkv, G]
             s = jnp.where(valid[:, :, None, None], s, MASK_VALUE).transpose(0, 2, 3, 1)
-            m, denom, acc = carry
-            m_new = jnp.maximum(m, s.max(axis=-1))
-            alpha = jnp.exp(m - m_new)
-            p = jnp.exp(s - m_new[..., None])  # [B, Hkv, G, BK]
-            pv = jnp.sum(p.transpose(0, 3, 1, 2)[..., None] * v[:, :, :, None, :], axis=1)
-            return (m_new, denom * alpha + p.sum(axis=-1), acc * alpha[..., None] + pv)
+            # p [B, Hkv, G, BK] -> [B, Hkv, G, Dh]
+            return _softmax_update(carry, s, lambda p: jnp.sum(
+                p.transpose(0, 3, 1, 2)[..., None] * v[:, :, :, None, :], axis=1))
         s = jnp.einsum("bhgd,bkhd->bhgk", qd, k)  # [B, Hkv, G, BK]
         s = jnp.where(valid[:, None, None, :], s, MASK_VALUE)
         return _softmax_step(carry, s, v, "bhgk,bkhd->bhgd")
