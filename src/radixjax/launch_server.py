@@ -15,6 +15,7 @@ import time
 from radixjax.engine.config import (
     ATTENTION_BACKENDS,
     DISAGGREGATION_MODES,
+    KV_CACHE_DTYPES,
     MOE_DISPATCH,
     POLICIES,
     QUANTIZATIONS,
@@ -57,7 +58,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="decode requests ride along in prefill steps")
     g = p.add_argument_group("model")
     g.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="weight and KV dtype (float32 is faster on CPU)")
+                   help="weight dtype, and the KV dtype unless --kv-cache-dtype (float32 "
+                        "is faster on CPU)")
+    g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                   help="KV pool dtype (auto: --dtype); bfloat16 halves the pool and the "
+                        "bytes attention reads")
     g.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
                    help="w8a8_int8: int8 layer weights and per-token int8 activations "
                         "(one device): decode B = 8 ~1.7x faster on the CPU, logits "
@@ -140,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         max_prefill_tokens=args.max_prefill_tokens, chunk_size=args.chunk_size,
         policy=args.policy, enable_cache=not args.disable_radix_cache,
         enable_overlap=not args.disable_overlap, enable_mixed=args.enable_mixed,
-        dtype=args.dtype, quantization=args.quantization,
+        dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization,
         attention_backend=args.attention_backend, tp=args.tp, ep=args.ep,
         moe_dispatch=args.moe_dispatch, enable_dp_attention=args.enable_dp_attention,
         disaggregation_mode=args.disaggregation_mode,

@@ -1,11 +1,15 @@
-"""The prefill side's room table and the bootstrap fields, host-side only."""
+"""The prefill side's room table, the bootstrap fields and the decode side's check of
+the KV format, host-side only."""
 
 from __future__ import annotations
 
 import asyncio
+import types
 
+import httpx
 import pytest
 
+from radixjax.disagg import decode
 from radixjax.disagg.bootstrap import Bootstrap, BootstrapError, parse_bootstrap
 from radixjax.disagg.rooms import Export, KVPoll, PrefillRooms, TransferError
 
@@ -57,3 +61,21 @@ def test_bootstrap_fields() -> None:
                 {**body, "bootstrap_host": ""}, lists):
         with pytest.raises(BootstrapError):
             parse_bootstrap(bad, 1, False)
+
+
+def test_the_decode_side_refuses_kv_pieces_of_another_format(monkeypatch) -> None:
+    """A PD pair whose pools differ (another model, or --kv-cache-dtype) fails the request
+    with a TransferError naming both formats, before pulling anything."""
+    def prefill_server(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"prompt_len": 5, "first_token": 7, "uuids": [1],
+                                         "address": "x", "piece": "float32[2, 256, 1, 8]"})
+
+    client = httpx.AsyncClient
+    monkeypatch.setattr(decode.httpx, "AsyncClient", lambda **kw: client(
+        transport=httpx.MockTransport(prefill_server), **kw))
+    side = decode.DecodeSide(types.SimpleNamespace(piece_format="uint16[2, 256, 1, 8]"), 5)
+    b = Bootstrap(host="127.0.0.1", port=1, room=3)
+    with pytest.raises(TransferError, match=r"float32\[2, 256, 1, 8\].*uint16.*kv-cache-dtype"):
+        asyncio.run(side._fetch(b))
+    side.transfer.piece_format = "float32[2, 256, 1, 8]"
+    assert asyncio.run(side._fetch(b))["uuids"] == [1]

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from radixjax import Engine, SamplingParams
-from radixjax.engine.config import EngineConfigError
+from radixjax.engine.config import EngineConfig, EngineConfigError
+from radixjax.engine.engine import runner_config_for
 from radixjax.engine.scheduler import EngineError, RequestError
 from radixjax.loaders import load_model
 from radixjax.sampling.params import SamplingParamsError
@@ -136,6 +137,12 @@ def test_bad_sampling_and_config_raise(engine) -> None:
         engine.generate(prompt(8, 5), GREEDY, n=0)
     with pytest.raises(EngineConfigError):
         Engine(params={}, model_config=None, policy="random")
+    with pytest.raises(EngineConfigError, match="kv_cache_dtype"):
+        Engine(params={}, model_config=None, kv_cache_dtype="fp8_e5m2")
+    # the KV dtype: the weights' unless given (SGLang's --kv-cache-dtype auto)
+    assert runner_config_for(EngineConfig(dtype="bfloat16")).kv_dtype == "bfloat16"
+    assert runner_config_for(EngineConfig(kv_cache_dtype="bfloat16")).kv_dtype == "bfloat16"
+    assert runner_config_for(EngineConfig()).kv_dtype == "float32"
     with pytest.raises(RequestError):
         engine.generate("text needs a tokenizer", GREEDY)
 

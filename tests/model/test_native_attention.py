@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 
 from radixjax.model import native_attention as na
-from radixjax.model.attention import SHARED_PREFIX_MIN_BATCH, TABLE_ALIGN, AttentionMetadata
+from radixjax.model.attention import (
+    SHARED_PREFIX_MIN_BATCH,
+    TABLE_ALIGN,
+    AttentionMetadata,
+    from_pool,
+    pool_dtype,
+    to_pool,
+)
 from radixjax.model.native_attention import (
     BLOCK_DIAGONAL_MAX_KV_HEADS,
     DECODE_MAX_BLOCK_K,
@@ -160,8 +167,21 @@ def test_extend_with_shared_prefix_matches_numpy(window: int | None, block_k: in
     key; with 128 keys the later tiles' last blocks run past the table row, so they are
     read from 128 keys before the row's end, the keys already read masked."""
     monkeypatch.setattr(na, "EXTEND_BLOCK_K", block_k)
+    _check_mixed_step(window, jnp.float32)
+
+
+def test_bfloat16_pool_is_read_and_written_as_bf16() -> None:
+    """The mixed step on a bf16 pool kept as its bits (the native backend's form): the
+    new rows land rounded to bf16, every token attends over the bf16 keys and values."""
+    _check_mixed_step(7, pool_dtype(jnp.bfloat16, "native"))
+
+
+def _check_mixed_step(window: int | None, dtype: jnp.dtype) -> None:
     num_kv_heads, group, dh = 2, 2, 8
     k_pool, v_pool, take = _pools(window or 0, 2000, num_kv_heads, dh)
+    k_in, v_in = k_pool, v_pool  # the new rows as computed (f32)
+    if dtype != jnp.float32:  # the values the pool keeps
+        k_pool, v_pool = (x.astype(jnp.bfloat16).astype(np.float32) for x in (k_pool, v_pool))
     rng = np.random.default_rng((window or 0) + 1)  # the queries
     prefix = take(300)
     rows = [np.concatenate([prefix, take(n)]) for n in (10 + 50, 200, 1)] + [take(70)]
@@ -183,9 +203,12 @@ def test_extend_with_shared_prefix_matches_numpy(window: int | None, block_k: in
         q_start=i32([*starts] + [t] * pad), q_len=i32(q_lens + [0] * pad),
         kv_len=i32([len(r) for r in rows] + [0] * pad), req_row=i32([*range(b)] + [b] * pad),
         req_to_token=jnp.asarray(table), shared_len=i32(shared_len + [0] * pad))
-    out, _, _ = native_attention(jnp.asarray(q), jnp.asarray(k_pool[new]),
-                                 jnp.asarray(v_pool[new]), jnp.asarray(k_pool),
-                                 jnp.asarray(v_pool), md, window, dh**-0.5)
+    pools = [to_pool(jnp.asarray(x), dtype) for x in (k_pool, v_pool)]
+    pools[0] = pools[0].at[new].set(0)  # written by the step
+    out, k_out, _ = native_attention(jnp.asarray(q), jnp.asarray(k_in[new]),
+                                     jnp.asarray(v_in[new]), *pools, md, window, dh**-0.5)
+    assert k_out.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(from_pool(k_out[new])), k_pool[new])
     for i in range(t):
         r = rows[np.searchsorted(starts, i, side="right") - 1]
         ref = numpy_decode(q[i], k_pool, v_pool, r[:pos[i] + 1], window)

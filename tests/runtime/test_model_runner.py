@@ -4,15 +4,17 @@ late-compile counter, the persistent compile cache."""
 from __future__ import annotations
 
 import os
+import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from radixjax.loaders import load_model
 from radixjax.runtime.batch import PromptScores, RequestSlice, build_batch
 from radixjax.runtime.model_runner import StepOptions
 from radixjax.sampling.params import SamplingArrays, SamplingParams
-from tests.model.harness import ScatteredSlots, tiny_runner
+from tests.model.harness import ScatteredSlots, rel_err, tiny_runner
 
 
 def _greedy(n: int) -> list[SamplingParams]:
@@ -56,6 +58,29 @@ def test_step_tokens_are_argmax_of_logits_and_padding_only_hits_dummy(tiny_model
         written = set(np.flatnonzero(np.abs(layer).sum(axis=(1, 2)) > 0).tolist())
         assert written - {0} == set(used.tolist())
         assert 0 in written  # the padded tokens went to the dummy slot
+
+
+def test_bfloat16_kv_pool_stays_close_and_is_never_upcast(tiny_model_dir) -> None:
+    """kv_dtype bfloat16 on the native backend: the pool holds bf16 bits (uint16), the
+    logits of a prefill and an extend over it stay close to a float32 pool's, and the
+    step program holds no float copy of the pool (XLA's CPU gather and scatter upcast a
+    bf16 operand whole: every layer of every step)."""
+    m = load_model(tiny_model_dir("qwen2"), load_tokenizer=False)
+    rng = np.random.default_rng(5)
+    slots = ScatteredSlots(128, seed=3).take(30)
+    ids = rng.integers(3, 200, 30).astype(np.int32)
+    logits = []
+    for kv_dtype in ("float32", "bfloat16"):
+        runner = tiny_runner(m.cfg, m.params, num_slots=331, kv_dtype=kv_dtype)
+        runner.all_logits(build_batch([RequestSlice(ids[:20], slots[:20])], runner.buckets))
+        logits.append(runner.all_logits(build_batch([RequestSlice(ids[20:], slots)],
+                                                    runner.buckets)))  # reads the pool
+    assert runner.kv[0].dtype == jnp.uint16
+    err = rel_err(logits[1], logits[0])
+    assert 1e-5 < err < 5e-2  # really rounded, and still close
+    rows = runner.kv[0].shape[0]  # (an odd size no other array has)
+    program = runner.programs.get(runner.buckets.shapes[0]).as_text()
+    assert not re.search(rf"\b(f32|bf16)\[{rows},", program)
 
 
 def test_one_program_per_token_bucket_serves_every_option_and_context(tiny_model_dir) -> None:

@@ -22,7 +22,7 @@ import httpx
 
 from radixjax.cache.errors import OutOfKVSlots
 from radixjax.disagg.bootstrap import Bootstrap
-from radixjax.disagg.kv_transfer import CHUNK, KVTransfer
+from radixjax.disagg.kv_transfer import KVTransfer
 from radixjax.disagg.rooms import TransferError
 from radixjax.engine.request import Req
 
@@ -52,8 +52,10 @@ class DecodeSide:
         if r.status_code != 200:
             raise TransferError(f"the prefill server {b.url}: {r.text[:300]}")
         reply = r.json()
-        if reply.get("chunk") != CHUNK:
-            raise TransferError("the prefill server pieces KV differently (chunk size)")
+        if reply.get("piece") != self.transfer.piece_format:
+            raise TransferError(f"the prefill server's KV pieces are {reply.get('piece')}, "
+                                f"this server's {self.transfer.piece_format} (a different "
+                                "model, --kv-cache-dtype or chunk size)")
         return reply
 
     async def _abort(self, b: Bootstrap) -> None:

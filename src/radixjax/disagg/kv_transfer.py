@@ -86,6 +86,12 @@ class KVTransfer:
         return self.server.address()
 
     @property
+    def piece_format(self) -> str:
+        """dtype[shape] of a piece's K (and V): both servers of a pair must agree (same
+        model, --kv-cache-dtype and CHUNK)."""
+        return f"{self.piece_spec.dtype}{list(self.piece_spec.shape)}"
+
+    @property
     def piece_bytes(self) -> int:
         return 2 * int(np.prod(self.piece_spec.shape)) * self.piece_spec.dtype.itemsize
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from radixjax.disagg.kv_transfer import CHUNK, KVTransfer
+from radixjax.disagg.kv_transfer import KVTransfer
 from radixjax.disagg.rooms import Export, PrefillRooms
 from radixjax.engine.request import Req
 
@@ -53,4 +53,4 @@ class PrefillSide:
         uuids = self.transfer.offer(export.pieces, self.rooms.timeout_s)
         return {"prompt_len": export.prompt_len, "first_token": export.first_token,
                 "first_logprob": export.first_logprob, "address": self.transfer.address,
-                "uuids": uuids, "chunk": CHUNK}
+                "uuids": uuids, "piece": self.transfer.piece_format}

@@ -10,6 +10,7 @@ DISAGGREGATION_MODES = ("null", "prefill", "decode")  # SGLang's names
 ATTENTION_BACKENDS = ("auto", "native", "pallas")  # resolved by model.attention
 MOE_DISPATCH = ("psum", "all_to_all")  # EP forms: parallel.rules.Layout.moe_dispatch
 QUANTIZATIONS = ("none", "w8a8_int8")  # model/quant.py
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")  # SGLang's --kv-cache-dtype (auto: dtype)
 
 
 class EngineConfigError(ValueError):
@@ -34,6 +35,9 @@ class EngineConfig:
     enable_jump_forward: bool = True  # grammar-forced tokens in one extend (see docs)
     retract_every: int = 0  # test hook: force one retraction every N decode steps
     dtype: str = "float32"
+    # the KV pool's dtype; "auto": the weights' dtype. bfloat16 halves the pool and the
+    # bytes attention reads (decode B = 32 ~9 % faster on the CPU; benchmarks/README.md)
+    kv_cache_dtype: str = "auto"
     # "w8a8_int8": int8 layer matrices and activations, one device only (model/quant.py:
     # decode B = 8 ~1.7x faster on the CPU, logits within ~18 %; benchmarks/README.md)
     quantization: str = "none"
@@ -50,6 +54,11 @@ class EngineConfig:
     # XLA compiler options of the step programs, (name, value) pairs
     # (RunnerConfig.xla_options); (): XLA's defaults
     xla_options: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def kv_dtype(self) -> str:
+        """The KV pool's dtype: kv_cache_dtype, or the weights' dtype for "auto"."""
+        return self.dtype if self.kv_cache_dtype == "auto" else self.kv_cache_dtype
 
     @property
     def max_step_tokens(self) -> int:
@@ -83,6 +92,8 @@ class EngineConfig:
         check(self.disaggregation_mode != "decode" or self.enable_cache,
               "a decode server lands the transferred KV in its radix cache: keep it on")
         check(self.disaggregation_timeout > 0, "disaggregation_timeout must be > 0")
+        check(self.kv_cache_dtype in KV_CACHE_DTYPES,
+              f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}")
         check(self.quantization in QUANTIZATIONS,
               f"quantization must be one of {QUANTIZATIONS}")
         check(self.quantization == "none" or (self.tp == 1 and not self.enable_dp_attention),

@@ -51,7 +51,7 @@ def runner_config_for(c: EngineConfig, dp_ranks: int = 1) -> RunnerConfig:
     return RunnerConfig(
         num_slots=c.num_slots, max_batch_tokens=c.max_step_tokens, max_running=c.max_running,
         max_context=c.max_context, attention_backend=c.attention_backend,
-        page_size=c.page_size, kv_dtype=c.dtype, dp_ranks=dp_ranks,
+        page_size=c.page_size, kv_dtype=c.kv_dtype, dp_ranks=dp_ranks,
         quantization=c.quantization, xla_options=c.xla_options,
     )
 

@@ -28,6 +28,8 @@ from functools import partial
 from typing import NamedTuple, Protocol
 
 import jax
+import jax.numpy as jnp
+from jax import lax
 
 MASK_VALUE = -1e30  # finite, so fully masked (padded) rows give a harmless uniform softmax
 TABLE_ALIGN = 512  # req_to_token rows are a multiple of this wide (every backend's key block)
@@ -92,9 +94,37 @@ def write_kv(
 ) -> tuple[jax.Array, jax.Array]:
     """Scatter [T, Hkv, Dh] rows into the pools at rows [T] (slots + layer_base; padding
     rows hit the layer's slot 0)."""
-    k_pool = k_pool.at[slots].set(k_new.astype(k_pool.dtype))
-    v_pool = v_pool.at[slots].set(v_new.astype(v_pool.dtype))
+    k_pool = k_pool.at[slots].set(to_pool(k_new, k_pool.dtype))
+    v_pool = v_pool.at[slots].set(to_pool(v_new, v_pool.dtype))
     return k_pool, v_pool
+
+
+# A bfloat16 KV pool on the native backend is stored as its uint16 bits: XLA's CPU gather
+# and scatter upcast a bf16 operand whole (the entire pool, every layer of every step: ~5
+# s per decode step), and a bitcast of the pool is a copy there too, while integer rows
+# move as they are. Gathered rows become f32 by a 16-bit shift (exact).
+BF16_BITS = jnp.uint16
+
+
+def pool_dtype(kv_dtype: jnp.dtype, backend: str) -> jnp.dtype:
+    """The pool arrays' dtype for KV kept in kv_dtype (float32 or bfloat16) under a
+    backend ("native" | "pallas"): bf16 bits on the native backend, else kv_dtype."""
+    bits = backend == "native" and jnp.dtype(kv_dtype) == jnp.bfloat16
+    return BF16_BITS if bits else kv_dtype
+
+
+def to_pool(x: jax.Array, dtype: jnp.dtype) -> jax.Array:
+    """Rows (any float) -> the pool's dtype (BF16_BITS: rounded to bf16, as bits)."""
+    if dtype == BF16_BITS:
+        return lax.bitcast_convert_type(x.astype(jnp.bfloat16), BF16_BITS)
+    return x.astype(dtype)
+
+
+def from_pool(rows: jax.Array) -> jax.Array:
+    """Rows read from a pool -> f32."""
+    if rows.dtype == BF16_BITS:
+        return lax.bitcast_convert_type(rows.astype(jnp.uint32) << 16, jnp.float32)
+    return rows.astype(jnp.float32)
 
 
 BACKEND_NAMES = ("auto", "native", "pallas")  # auto: pallas on a GPU, native elsewhere

@@ -22,6 +22,7 @@ from radixjax.model.attention import (
     AttentionMetadata,
     BatchShape,
     get_backend,
+    pool_dtype,
     resolve_backend_name,
 )
 from radixjax.model.config import ModelConfig
@@ -63,7 +64,7 @@ class RunnerConfig:
     max_context: int = 4096  # the longest request
     attention_backend: str = "auto"  # "native" | "pallas" | "auto" (pallas on a GPU)
     page_size: int = 1  # the allocator's page size, or 1 (valid for any allocation)
-    kv_dtype: str = "float32"
+    kv_dtype: str = "float32"  # or "bfloat16" (the native backend keeps its bits)
     mla_absorb: bool = True  # MLA decode in the latent space; False: expanded (reference)
     # "w8a8_int8": int8 layer matrices and activations (model/quant.py); "none": as loaded
     quantization: str = "none"
@@ -257,11 +258,8 @@ class ModelRunner:
         self.buckets = config.buckets
         self._inputs, self._pool_sharding = inputs, pool_sharding
         self.attention_backend = resolve_backend_name(config.attention_backend)
-        # XLA's CPU gather upcasts a bf16 operand whole, the entire pool for every layer
-        # of every step (measured 10 s per decode step): the native backend keeps its
-        # pool in f32 whatever the weights' dtype.
-        self.pool_dtype = (DTYPES[config.kv_dtype] if self.attention_backend == "pallas"
-                           else jnp.float32)
+        # (a bf16 pool on the native backend: its uint16 bits, model/attention.py)
+        self.pool_dtype = pool_dtype(DTYPES[config.kv_dtype], self.attention_backend)
         self.reset_state()
         self._step, self._logits, self._sync = _jitted(
             self.run_cfg, self.attention_backend, config.page_size, layout, pool_sharding,
