@@ -1,10 +1,11 @@
 """Model step speed on the default model (SmolLM2-135M): decode step time at batch
 1/8/16/32/64 (context 512) and prefill tokens/s at 512 and 2048 tokens, float32 vs bfloat16
 weights (or, with --quant, float32 vs int8 layer weights and activations,
-`--quantization w8a8_int8`), the compile time of each step program, and the
+`--quantization w8a8_int8`; with --kv, w8a8 with a float32 vs a bfloat16 KV pool,
+`--kv-cache-dtype bfloat16`), the compile time of each step program, and the
 memory-bandwidth floor (weight bytes / measured read bandwidth).
 
-    .venv/bin/python benchmarks/model_step.py [--steps 20] [--quant]
+    .venv/bin/python benchmarks/model_step.py [--steps 20] [--quant | --kv]
 """
 
 from __future__ import annotations
@@ -39,18 +40,9 @@ def read_bandwidth(num_bytes: int = 1 << 29, reps: int = 5) -> float:
 
 def time_steps(runner: ModelRunner, reqs: list[RequestSlice], steps: int,
                compiles: list[float] | None = None) -> float:
-    """Median seconds per step of the same batch. The first (untimed) call compiles and
-    uploads the requests' req_to_token rows; the timed ones reuse them, as a scheduler's
-    decode steps do. compiles: gets the first call's seconds (compile + one step)."""
-    reqs = [r._replace(row=i, sync_row=True) for i, r in enumerate(reqs)]
-    batch = build_batch(reqs, runner.buckets)
-    sp = SamplingArrays.build([SamplingParams(temperature=0)] * len(reqs),
-                              [0] * len(reqs), batch.shape.num_reqs)
-    t = time.perf_counter()
-    runner.step(batch, sp, StepOptions()).tokens.block_until_ready()  # compile
-    if compiles is not None:
-        compiles.append(time.perf_counter() - t)
-    batch = build_batch([r._replace(sync_row=False) for r in reqs], runner.buckets)
+    """Median seconds per step of the same batch (compile_case, then `steps` runs).
+    compiles: gets the first call's seconds (compile + one step)."""
+    batch, sp = compile_case(runner, reqs, [] if compiles is None else compiles)
     return median_step_s(runner, batch, sp, steps)
 
 
@@ -65,28 +57,65 @@ def median_step_s(runner: ModelRunner, batch: HostBatch, sp: SamplingArrays,
     return float(np.median(times))
 
 
-def bench(dtype: str, steps: int, quantization: str = "none") -> dict[str, float]:
+BATCHES = (1, 8, 16, 32, 64)
+PREFILLS = (512, 2048)
+ROUNDS = 4  # the two configurations' timings alternate in this many rounds
+
+
+def setup(dtype: str, quantization: str = "none",
+          kv_dtype: str | None = None) -> tuple[ModelRunner, dict[str, tuple], dict]:
+    """A runner and its compiled cases: measure name -> (batch, sampling arrays)."""
     m = load_model(None, dtype=dtype, load_tokenizer=False)
     rng = np.random.default_rng(0)
     runner = ModelRunner(m.cfg, m.params, RunnerConfig(
         num_slots=64 * CONTEXT + 1, max_batch_tokens=2048, max_running=64,
-        max_context=2048, kv_dtype=dtype, quantization=quantization))
+        max_context=2048, kv_dtype=kv_dtype or dtype, quantization=quantization))
     del m.params
     out: dict[str, float] = {"weight_bytes": num_param_bytes(runner.params)}
-    compiles: list[float] = []
-    for b in (1, 8, 16, 32, 64):
-        reqs = [
-            RequestSlice(rng.integers(0, m.cfg.vocab_size, 1).astype(np.int32),
-                         (1 + i * CONTEXT + np.arange(CONTEXT)).astype(np.int32))
-            for i in range(b)
-        ]
-        out[f"decode_b{b}"] = time_steps(runner, reqs, steps, compiles)
-    for n in (512, 2048):
-        reqs = [RequestSlice(rng.integers(0, m.cfg.vocab_size, n).astype(np.int32),
-                             np.arange(1, n + 1, dtype=np.int32))]
-        out[f"prefill_{n}"] = time_steps(runner, reqs, max(3, steps // 5), compiles)
+    cases, compiles = {}, []
+    slices = {f"decode_b{b}": [
+        RequestSlice(rng.integers(0, m.cfg.vocab_size, 1).astype(np.int32),
+                     (1 + i * CONTEXT + np.arange(CONTEXT)).astype(np.int32))
+        for i in range(b)] for b in BATCHES}
+    for n in PREFILLS:
+        slices[f"prefill_{n}"] = [RequestSlice(
+            rng.integers(0, m.cfg.vocab_size, n).astype(np.int32),
+            np.arange(1, n + 1, dtype=np.int32))]
+    for name, reqs in slices.items():
+        cases[name] = compile_case(runner, reqs, compiles)
     out["compile"] = float(np.median(compiles))
-    return out
+    return runner, cases, out
+
+
+def compile_case(runner: ModelRunner, reqs: list[RequestSlice],
+                 compiles: list[float]) -> tuple[HostBatch, SamplingArrays]:
+    """The batch of these requests, compiled (and their req_to_token rows uploaded) by a
+    first call whose seconds go to `compiles`; the timed calls reuse the rows, as a
+    scheduler's decode steps do."""
+    reqs = [r._replace(row=i, sync_row=True) for i, r in enumerate(reqs)]
+    batch = build_batch(reqs, runner.buckets)
+    sp = SamplingArrays.build([SamplingParams(temperature=0)] * len(reqs),
+                              [0] * len(reqs), batch.shape.num_reqs)
+    t = time.perf_counter()
+    runner.step(batch, sp, StepOptions()).tokens.block_until_ready()
+    compiles.append(time.perf_counter() - t)
+    return build_batch([r._replace(sync_row=False) for r in reqs], runner.buckets), sp
+
+
+def bench_pair(configs: dict[str, dict], steps: int) -> dict[str, dict[str, float]]:
+    """Median seconds per step of every case under each configuration (setup's keyword
+    arguments), their timings alternating in ROUNDS rounds: this VM's speed drifts
+    1.5x between minutes, so only interleaved timings compare."""
+    built = {name: setup(**kw) for name, kw in configs.items()}
+    times: dict[tuple[str, str], list[float]] = {}
+    for case in built[next(iter(built))][1]:
+        n = max(2, (steps if case.startswith("decode") else max(3, steps // 5)) // ROUNDS)
+        for _ in range(ROUNDS):
+            for name, (runner, cases, _) in built.items():
+                times.setdefault((name, case), []).append(
+                    median_step_s(runner, *cases[case], n))
+    return {name: out | {case: float(np.median(times[(name, case)])) for case in cases}
+            for name, (_, cases, out) in built.items()}
 
 
 def main() -> None:
@@ -94,17 +123,21 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--quant", action="store_true",
                     help="float32 vs w8a8_int8 (instead of f32 vs bf16)")
+    ap.add_argument("--kv", action="store_true",
+                    help="w8a8_int8 with a float32 vs a bfloat16 KV pool")
     args = ap.parse_args()
     # no persistent compile cache: the compile time of each program is measured
     bw = read_bandwidth()
-    if args.quant:
-        names = ("float32", "w8a8_int8")
-        res = {"float32": bench("float32", args.steps),
-               "w8a8_int8": bench("float32", args.steps, quantization="w8a8_int8")}
-    else:  # bf16 is far slower on this CPU; fewer timed steps keep the run short.
-        names = ("float32", "bfloat16")
-        res = {"float32": bench("float32", args.steps),
-               "bfloat16": bench("bfloat16", max(3, args.steps // 4))}
+    if args.kv:
+        configs = {f"kv {kv}": dict(dtype="float32", quantization="w8a8_int8", kv_dtype=kv)
+                   for kv in ("float32", "bfloat16")}
+    elif args.quant:
+        configs = {"float32": dict(dtype="float32"),
+                   "w8a8_int8": dict(dtype="float32", quantization="w8a8_int8")}
+    else:
+        configs = {d: dict(dtype=d) for d in ("float32", "bfloat16")}
+    res = bench_pair(configs, args.steps)
+    names = tuple(res)
     print(f"read bandwidth: {bw / 1e9:.1f} GB/s; jax {jax.__version__}, "
           f"{jax.devices()[0].device_kind}")
     print()
@@ -117,12 +150,12 @@ def main() -> None:
           f"{z['weight_bytes'] / 1e6:.0f} MB | |")
     print(f"| bandwidth floor per step | {a['floor'] * 1e3:.1f} ms | "
           f"{z['floor'] * 1e3:.1f} ms | |")
-    for b in (1, 8, 16, 32, 64):
+    for b in BATCHES:
         f, h = a[f"decode_b{b}"], z[f"decode_b{b}"]
         print(f"| decode b={b} ctx={CONTEXT}: ms/step (x floor), tok/s | "
               f"{f * 1e3:.1f} ({f / a['floor']:.1f}x), {b / f:.0f} | "
               f"{h * 1e3:.1f} ({h / z['floor']:.1f}x), {b / h:.0f} | {h / f:.2f} |")
-    for n in (512, 2048):
+    for n in PREFILLS:
         f, h = a[f"prefill_{n}"], z[f"prefill_{n}"]
         print(f"| prefill {n} tokens: tok/s | {n / f:.0f} | {n / h:.0f} | {f / h:.2f} |")
     print(f"| compile + first step, median per program: s | {a['compile']:.1f} | "
