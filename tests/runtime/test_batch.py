@@ -12,13 +12,15 @@ from radixjax.runtime.batch import (
     RequestSlice,
     build_batch,
     pick_bucket,
-    pow2_buckets,
+    token_buckets,
 )
 
 
-def test_pow2_buckets_and_pick() -> None:
-    assert pow2_buckets(1, 8) == (1, 2, 4, 8)
-    assert pow2_buckets(128, 300) == (128, 256, 300)
+def test_token_buckets_and_pick() -> None:
+    assert token_buckets(1, 8) == (1, 2, 4, 8)
+    assert token_buckets(128, 300) == (128, 256, 300)
+    assert token_buckets(64, 1024) == (64, 128, 256, 384, 512, 768, 1024)  # midpoints
+    assert token_buckets(256, 400) == (256, 384, 400)
     assert pick_bucket(5, (1, 2, 4, 8), "x") == 8
     assert pick_bucket(4, (1, 2, 4, 8), "x") == 4
     with pytest.raises(BucketError):
