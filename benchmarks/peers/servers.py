@@ -42,6 +42,10 @@ def server_specs(parallel: int, base_port: int = 30100) -> dict[str, ServerSpec]
         "ours": ServerSpec("ours", (*ours, "--port", str(base_port)), base_port),
         "ours-w8a8": ServerSpec("ours-w8a8", (*ours, "--port", str(base_port + 3),
                                               "--quantization", "w8a8_int8"), base_port + 3),
+        # and a bf16 KV pool (half the bytes attention reads)
+        "ours-w8a8-bf16kv": ServerSpec("ours-w8a8-bf16kv", (
+            *ours, "--port", str(base_port + 5), "--quantization", "w8a8_int8",
+            "--kv-cache-dtype", "bfloat16"), base_port + 5),
         # decode requests ride along in prefill steps
         "ours-w8a8-mixed": ServerSpec("ours-w8a8-mixed", (
             *ours, "--port", str(base_port + 4), "--quantization", "w8a8_int8",
