@@ -112,7 +112,7 @@ def start_router(port: int, args: list[str], log: Path) -> subprocess.Popen:
     (policy, workers, or PD mode), once it answers /health."""
     log.parent.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+        [sys.executable, str(REPO / "scripts" / "sglang_router_main.py"), "--host", "127.0.0.1",
          "--port", str(port), "--prometheus-port", str(port + 50), *args],
         stdout=log.open("w"), stderr=subprocess.STDOUT)
     for _ in range(240):

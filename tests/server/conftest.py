@@ -110,7 +110,7 @@ def start_router(args: list[str]) -> tuple[subprocess.Popen, str]:
     port = free_port()
     log = tempfile.TemporaryFile("w+")
     proc = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("sglang_router_main.py")),
+        [sys.executable, str(Path(__file__).parents[2] / "scripts" / "sglang_router_main.py"),
          "--host", "127.0.0.1",
          "--port", str(port), "--prometheus-port", str(free_port()),  # default: 29000
          *args], stdout=log, stderr=subprocess.STDOUT, text=True)

@@ -1,10 +1,11 @@
 """SGLang's Rust router, started as `python -m sglang_router.launch_router` starts it
 (RouterArgs from the same command line, then `Router.from_args(...).start()`), without
 that module's import of its Python debugging balancer (sglang_router.mini_lb), which
-imports the whole `sglang` package: ~13 s of CPU per router start on the 2-core VM, three
-starts per suite run.
+imports the whole `sglang` package: ~13 s of CPU per router start on the 2-core VM. The
+tests (tests/server/conftest.py) and the benchmarks (benchmarks/peers/servers.py) start
+the router with it.
 
-    python tests/server/sglang_router_main.py --host H --port P [router arguments]
+    python scripts/sglang_router_main.py --host H --port P [router arguments]
 """
 
 from __future__ import annotations
