@@ -88,25 +88,26 @@ def test_int8_runner_tracks_f32(family: str, tiny_model_dir) -> None:
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral"])
-def test_int8_head_for_one_or_two_rows(family: str, tiny_model_dir) -> None:
+def test_int8_head_rows_and_gemm(family: str, tiny_model_dir) -> None:
     """The LM head's int8 copy (of the embedding when tied, llama; of lm_head, mistral),
-    one scale per vocabulary row: steps of up to HEAD_ROWS_MAX rows take it (logits
-    within 2 % of the f32 head's), larger ones the f32 head (exactly)."""
+    one scale per vocabulary row: steps of up to HEAD_ROWS_MAX rows multiply it weight-only
+    (logits within 2 % of the f32 head's), larger ones through the layers' int8 GEMM
+    (int8 activations too: within 5 %)."""
     m = load_model(tiny_model_dir(family), load_tokenizer=False)
     head = m.params["embed"] if m.cfg.tie_word_embeddings else m.params["lm_head"]
     assert m.cfg.tie_word_embeddings == (family == "llama") and "lm_head_int8" not in m.params
     q = quantize_params(m.params, "w8a8_int8")
     np.testing.assert_array_equal(q["lm_head_int8"].q, quantize_int8(head.T).q)
     assert q["lm_head_int8"].q.shape == head.shape
-    h = jnp.asarray(np.random.default_rng(4).standard_normal((HEAD_ROWS_MAX + 1, head.shape[1]),
-                                                             np.float32))
-    for n in range(1, HEAD_ROWS_MAX + 2):
+    h = jnp.asarray(np.random.default_rng(4).standard_normal((8, head.shape[1]), np.float32))
+    for n in (*range(1, HEAD_ROWS_MAX + 2), 8):
         exact = np.asarray(lm_head(m.params, h[:n], m.cfg))
         ours = np.asarray(lm_head(q, h[:n], m.cfg))
         if n <= HEAD_ROWS_MAX:
             assert 0 < rel_err(ours, exact) < 0.02
         else:
-            np.testing.assert_array_equal(ours, exact)
+            np.testing.assert_array_equal(ours, np.asarray(int8_linear(h[:n], q["lm_head_int8"])))
+            assert 0 < rel_err(ours, exact) < 0.05
 
 
 def test_quantization_option_reaches_the_runner_on_one_device_only() -> None:

@@ -25,7 +25,7 @@ from radixjax.model.layers import (
 from radixjax.model.mla import mla_attention_block
 from radixjax.model.moe import moe_block
 from radixjax.model.params import Params
-from radixjax.model.quant import HEAD_ROWS_MAX, int8_head
+from radixjax.model.quant import int8_head
 from radixjax.parallel.collectives import (
     sharded_attention,
     vocab_parallel_embed,
@@ -103,9 +103,9 @@ def _head_rows(w: jax.Array, h: jax.Array) -> jax.Array:
 def lm_head(params: Params, h: jax.Array, cfg: ModelConfig,
             layout: Layout | None = None) -> jax.Array:
     """h: [N, D] f32 -> logits [N, V] f32. The head is [V, D] (tied: the embedding itself);
-    vocab-parallel when the layout shards the vocabulary; int8 for steps of a row or two
-    when quantized (model/quant.py)."""
-    if "lm_head_int8" in params and h.shape[0] <= HEAD_ROWS_MAX:
+    vocab-parallel when the layout shards the vocabulary; its int8 copy when quantized
+    (model/quant.py int8_head)."""
+    if "lm_head_int8" in params:
         return int8_head(h, params["lm_head_int8"])
     w = params["embed"] if cfg.tie_word_embeddings else params["lm_head"]
     if layout is not None and layout.is_sharded("vocab", cfg.vocab_size):

@@ -15,11 +15,14 @@ SmolLM2 decode B = 8 ~1.7x faster, B = 32 ~1.25x, B = 1 about the same, prefill 
 served with 8 streams on one shared prompt 1.5x the f32 output rate. Logits within ~18 %
 (max abs error / max abs logit), the same top token at ~84 % of positions: an opt-in,
 off by default. Weight-only int8 (f32 activations, the weight converted in the program)
-gained ~10 % for the layers and was not kept there. The LM head: as an int8 GEMM it ran
-7x slower than f32; multiplied row by row (the int8 values converted inside the vector
-product, as below), SmolLM2's head took 1.5-2.5 vs 4.2 ms for one row and 3.7 vs 6.5 ms
-for two, 14 vs 8 ms for eight (the head re-read per row): `int8_head` for steps of up to
-HEAD_ROWS_MAX rows, logits within ~1 % of the f32 head's.
+gained ~10 % for the layers and was not kept there. The LM head (`int8_head`): up to
+HEAD_ROWS_MAX rows multiplied row by row, weight-only (the int8 values converted inside
+the vector product, as below; SmolLM2's head 1.5-2.5 vs 4.2 ms for one row, 3.7 vs 6.5
+ms for two, 14 vs 8 ms for eight: the head re-read per row); past that the layers' int8
+GEMM, one [N, D] x [D, V] product (jax 0.10.2: [8, 576] x [576, 49152] 4.6 vs 7.3 ms for
+the f32 head's vocab blocks, 16 rows 7.8 vs 9.4, 32 13.3 vs 14.0; whole decode steps B =
+4 / 8 ~7 % faster; a twelfth-session probe had the int8 GEMM 7x slower). SmolLM2 logits
+within ~2.3 % (weight-only) and ~2.7 % (W8A8) of the f32 head's, the same top tokens.
 
 Which matrices: those the forward runs through `layers.linear`
 (dense_weights.LINEAR_WEIGHTS). The product is XLA's int8 GEMM (`dot_general` on q [O, I]),
@@ -70,12 +73,15 @@ def int8_linear(x: jax.Array, w: Int8Weight) -> jax.Array:
     return y * a * w.scale
 
 
-HEAD_ROWS_MAX = 2  # steps of up to this many rows use the int8 head
+HEAD_ROWS_MAX = 2  # up to this many rows: the weight-only int8 head, row by row
 
 
 def int8_head(h: jax.Array, head: Int8Weight) -> jax.Array:
-    """h [N, D] f32 (N <= HEAD_ROWS_MAX), head (q [V, D], scale [V]) -> logits [N, V] f32:
-    weight-only, one vector product per row."""
+    """h [N, D] f32, head (q [V, D], scale [V]) -> logits [N, V] f32: weight-only, one
+    vector product per row, up to HEAD_ROWS_MAX rows; past them the int8 GEMM of the
+    layers (int8 activations too)."""
+    if h.shape[0] > HEAD_ROWS_MAX:
+        return int8_linear(h, head)
     return out_in_linear(h, OutIn(head.q.astype(jnp.float32))) * head.scale
 
 
