@@ -94,9 +94,13 @@ def write_kv(
 ) -> tuple[jax.Array, jax.Array]:
     """Scatter [T, Hkv, Dh] rows into the pools at rows [T] (slots + layer_base; padding
     rows hit the layer's slot 0)."""
-    k_pool = k_pool.at[slots].set(to_pool(k_new, k_pool.dtype))
-    v_pool = v_pool.at[slots].set(to_pool(v_new, v_pool.dtype))
-    return k_pool, v_pool
+    return write_rows(k_pool, slots, k_new), write_rows(v_pool, slots, v_new)
+
+
+def write_rows(pool: jax.Array, slots: jax.Array, rows: jax.Array) -> jax.Array:
+    """pool [N, ...] with rows [T, ...] (any float) written at slots [T], in the pool's
+    storage (to_pool)."""
+    return pool.at[slots].set(to_pool(rows, pool.dtype))
 
 
 # A bfloat16 KV pool on the native backend is stored as its uint16 bits: XLA's CPU gather

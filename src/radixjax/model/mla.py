@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from radixjax.model.attention import AttentionMetadata, to_pool
+from radixjax.model.attention import AttentionMetadata, write_rows
 from radixjax.model.config import ModelConfig, YarnScaling
 from radixjax.model.layers import apply_rope, linear, rms_norm, yarn_mscale
 from radixjax.model.native_attention import (
@@ -74,7 +74,7 @@ def mla_attend(
     absorb: bool,
 ) -> tuple[jax.Array, jax.Array]:
     """Writes the new latents, attends. Returns (out [T, H, Dv] f32, pool)."""
-    pool = pool.at[md.out_slots + md.layer_base].set(to_pool(latent, pool.dtype))
+    pool = write_rows(pool, md.out_slots + md.layer_base, latent)
     md = sharing(md)
     num_tokens, heads, dn = q_nope.shape
     rank = pool.shape[2] - q_pe.shape[2]
