@@ -5,6 +5,7 @@ transformers: tests/model/test_smollm2_gguf.py."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -16,7 +17,10 @@ from radixjax.model.dense_weights import LINEAR_WEIGHTS
 from radixjax.model.llama import lm_head
 from radixjax.model.quant import (
     HEAD_ROWS_MAX,
+    ONE_ROW_GEMM_ROWS,
     Int8Weight,
+    cpu_has_amx_int8,
+    int8_head,
     int8_linear,
     quantize_int8,
     quantize_params,
@@ -43,7 +47,8 @@ def test_int8_linear_is_the_integer_product_rescaled() -> None:
     """Each token's activations rounded to int8 with its own scale (max |x| / 127), the
     product exact in int32, then both scales: equal to numpy's integer math, and within
     ~1 % of the f32 product for Gaussian inputs. An all-zero row gives zeros. One token
-    alone (T = 1, a f32 vector product of the int8 values) gives the same."""
+    alone gives the same in both of its forms (T = 1: a f32 vector product of the int8
+    values, or the GEMM padded to ONE_ROW_GEMM_ROWS rows on an AMX CPU)."""
     rng = np.random.default_rng(1)
     w = rng.standard_normal((64, 24)).astype(np.float32)
     x = rng.standard_normal((5, 64)).astype(np.float32) * np.array([[1e-3], [1], [30], [1], [1]])
@@ -55,12 +60,39 @@ def test_int8_linear_is_the_integer_product_rescaled() -> None:
     ref = (xq @ np.asarray(qw.q, np.int64).T).astype(np.float32) * a * np.asarray(qw.scale)
     np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=1e-30)
     assert not ours[3].any()
-    for t in range(5):  # one token alone: a step of T = 1 (a vector product, the same sums)
-        np.testing.assert_allclose(np.asarray(int8_linear(jnp.asarray(x[t:t + 1]), qw)),
-                                   ref[t:t + 1], rtol=1e-6, atol=1e-30)
+    for t in range(5):  # one token alone: a step of T = 1 (the same sums either way)
+        for gemm in (False, True, None):
+            np.testing.assert_allclose(
+                np.asarray(int8_linear(jnp.asarray(x[t:t + 1]), qw, gemm)),
+                ref[t:t + 1], rtol=1e-6, atol=1e-30)
     exact = x @ w
     for t in (0, 1, 2, 4):
         assert np.abs(ours[t] - exact[t]).max() < 0.02 * np.abs(exact[t]).max()
+
+
+def _int8_dot_shapes(f, *args) -> list[str]:
+    """The operand shapes of the int8 x int8 dots in f's program."""
+    text = jax.jit(f).lower(*args).as_text()
+    return [ln.split(":")[-1].strip() for ln in text.splitlines()
+            if "dot_general" in ln and "xi8>" in ln]
+
+
+def test_one_token_takes_the_gemm_on_amx_cpus_only() -> None:
+    """The form follows one_row_gemm (padded: an int8 GEMM of ONE_ROW_GEMM_ROWS rows; not:
+    no int8 dot at all), and by default the CPU (cpu_has_amx_int8: the flag in
+    /proc/cpuinfo); the head the same from one row."""
+    rng = np.random.default_rng(3)
+    qw = quantize_int8(jnp.asarray(rng.standard_normal((64, 24)), jnp.float32))
+    x = jnp.asarray(rng.standard_normal((1, 64)), jnp.float32)
+    gemm = _int8_dot_shapes(lambda x: int8_linear(x, qw, True), x)
+    assert len(gemm) == 1 and f"tensor<{ONE_ROW_GEMM_ROWS}x64xi8>" in gemm[0]
+    assert _int8_dot_shapes(lambda x: int8_linear(x, qw, False), x) == []
+    assert _int8_dot_shapes(lambda x: int8_head(x, qw, True), x) == gemm
+    assert _int8_dot_shapes(lambda x: int8_head(x, qw, False), x) == []
+    with open("/proc/cpuinfo") as f:
+        amx = "amx_int8" in f.read().split()
+    assert cpu_has_amx_int8() == amx
+    assert _int8_dot_shapes(lambda x: int8_linear(x, qw), x) == (gemm if amx else [])
 
 
 @pytest.mark.parametrize("family", ["deepseek_v3", "llama3"])
@@ -91,8 +123,8 @@ def test_int8_runner_tracks_f32(family: str, tiny_model_dir) -> None:
 def test_int8_head_rows_and_gemm(family: str, tiny_model_dir) -> None:
     """The LM head's int8 copy (of the embedding when tied, llama; of lm_head, mistral),
     one scale per vocabulary row: steps of up to HEAD_ROWS_MAX rows multiply it weight-only
-    (logits within 2 % of the f32 head's), larger ones through the layers' int8 GEMM
-    (int8 activations too: within 5 %)."""
+    (logits within 2 % of the f32 head's; on an AMX CPU the GEMM from one row), larger
+    ones through the layers' int8 GEMM (int8 activations too: within 5 %)."""
     m = load_model(tiny_model_dir(family), load_tokenizer=False)
     head = m.params["embed"] if m.cfg.tie_word_embeddings else m.params["lm_head"]
     assert m.cfg.tie_word_embeddings == (family == "llama") and "lm_head_int8" not in m.params
@@ -103,8 +135,11 @@ def test_int8_head_rows_and_gemm(family: str, tiny_model_dir) -> None:
     for n in (*range(1, HEAD_ROWS_MAX + 2), 8):
         exact = np.asarray(lm_head(m.params, h[:n], m.cfg))
         ours = np.asarray(lm_head(q, h[:n], m.cfg))
+        weight_only = np.asarray(int8_head(h[:n], q["lm_head_int8"], False))
         if n <= HEAD_ROWS_MAX:
-            assert 0 < rel_err(ours, exact) < 0.02
+            assert 0 < rel_err(weight_only, exact) < 0.02
+        if n <= HEAD_ROWS_MAX and not cpu_has_amx_int8():
+            np.testing.assert_array_equal(ours, weight_only)
         else:
             np.testing.assert_array_equal(ours, np.asarray(int8_linear(h[:n], q["lm_head_int8"])))
             assert 0 < rel_err(ours, exact) < 0.05

@@ -32,10 +32,18 @@ model/dense_weights.py's in-place vector product (~38 ms; the same integer sums,
 f32 below 2^24). Per row at T = 2..8 that form ran slower than the int8 GEMM (whole steps,
 B = 4 and 8 ~1.2x). The rounded activations stay f32 there (the same integers): XLA fuses
 their rounding into the product's loop, and a round trip through int8 inside that loop
-made SmolLM2's w8a8 B = 1 step 25 ms instead of 17 (benchmarks/README.md, W8A8 at B = 1)."""
+made SmolLM2's w8a8 B = 1 step 25 ms instead of 17 (benchmarks/README.md, W8A8 at B = 1).
+
+That was an AMD EPYC with AVX2. On a CPU with AMX int8 tiles (an Intel Xeon of the
+fifteenth session: YNNPACK's int8 GEMM there costs about the same from 1 to 64 rows, a
+[M, 576] x [576, 3072] layer ~170 us at M = 4..8 against ~320 at M = 1 and ~510 for the
+one-row vector product) one token's products, layers and head, go through the GEMM
+padded to ONE_ROW_GEMM_ROWS rows instead: SmolLM2 w8a8 B = 1 30 -> 24 ms there
+(benchmarks/README.md, fifteenth session)."""
 
 from __future__ import annotations
 
+from functools import cache
 from typing import NamedTuple
 
 import jax
@@ -61,27 +69,51 @@ def quantize_int8(w: jax.Array) -> Int8Weight:
     return Int8Weight(q, scale)
 
 
-def int8_linear(x: jax.Array, w: Int8Weight) -> jax.Array:
-    """x [T, I] f32 -> [T, O] f32, through int8 activations (one scale per token)."""
+ONE_ROW_GEMM_ROWS = 4  # AMX CPUs: one token's product through the GEMM, padded this far
+
+
+@cache
+def cpu_has_amx_int8() -> bool:
+    """Whether this host's CPU has AMX int8 tiles (Linux /proc/cpuinfo flags): where it
+    does, one token's int8 products take the GEMM (module docstring)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and "amx_int8" in line.split() for line in f)
+    except OSError:
+        return False
+
+
+def int8_linear(x: jax.Array, w: Int8Weight, one_row_gemm: bool | None = None) -> jax.Array:
+    """x [T, I] f32 -> [T, O] f32, through int8 activations (one scale per token).
+    one_row_gemm: T = 1 through the int8 GEMM (padded to ONE_ROW_GEMM_ROWS rows) instead
+    of a vector product; None: where the CPU has AMX int8 (cpu_has_amx_int8)."""
+    if one_row_gemm is None:
+        one_row_gemm = cpu_has_amx_int8()
     a = jnp.maximum(jnp.max(jnp.abs(x), axis=-1, keepdims=True), 1e-30) / 127  # [T, 1]
     xq = jnp.round(x / a)  # integers in [-127, 127], exact in f32
-    if x.shape[0] == 1:  # XLA runs an int8 vector product as int32 (a converted copy)
+    t = x.shape[0]
+    if t == 1 and not one_row_gemm:  # XLA runs an int8 vector product as int32 (a copy)
         y = out_in_linear(xq, OutIn(w.q.astype(jnp.float32)))
     else:
-        y = jax.lax.dot_general(xq.astype(jnp.int8), w.q, (((1,), (1,)), ((), ())),
-                                preferred_element_type=jnp.int32).astype(jnp.float32)
+        rows = ONE_ROW_GEMM_ROWS if t == 1 else t
+        xq = jnp.pad(xq, ((0, rows - t), (0, 0))).astype(jnp.int8)  # [rows, I]
+        y = jax.lax.dot_general(xq, w.q, (((1,), (1,)), ((), ())),
+                                preferred_element_type=jnp.int32)[:t].astype(jnp.float32)
     return y * a * w.scale
 
 
 HEAD_ROWS_MAX = 2  # up to this many rows: the weight-only int8 head, row by row
 
 
-def int8_head(h: jax.Array, head: Int8Weight) -> jax.Array:
+def int8_head(h: jax.Array, head: Int8Weight, one_row_gemm: bool | None = None) -> jax.Array:
     """h [N, D] f32, head (q [V, D], scale [V]) -> logits [N, V] f32: weight-only, one
-    vector product per row, up to HEAD_ROWS_MAX rows; past them the int8 GEMM of the
-    layers (int8 activations too)."""
-    if h.shape[0] > HEAD_ROWS_MAX:
-        return int8_linear(h, head)
+    vector product per row, up to HEAD_ROWS_MAX rows; past them, or with one_row_gemm
+    (None: an AMX CPU, as int8_linear), the int8 GEMM of the layers (int8 activations
+    too)."""
+    if one_row_gemm is None:
+        one_row_gemm = cpu_has_amx_int8()
+    if h.shape[0] > HEAD_ROWS_MAX or one_row_gemm:
+        return int8_linear(h, head, one_row_gemm)
     return out_in_linear(h, OutIn(head.q.astype(jnp.float32))) * head.scale
 
 
