@@ -84,14 +84,24 @@ def test_greedy_continuation_matches_hf(smollm2, hf_gguf, hf_greedy) -> None:
 def test_w8a8_int8_tracks_hf(smollm2, hf_gguf, hf_greedy) -> None:
     """int8 weights and activations (model/quant.py), measured on this prompt: logits
     within 18 % of HF's f32 (max abs error / max abs logit), the same top token at 84 % of
-    the positions, the greedy reply equal for its first 15 tokens (then still on topic)."""
+    the positions; then HF's greedy reply fed back one token per decode step (the
+    one-token products: a vector product, or the padded GEMM on an AMX CPU): our top token
+    is HF's next one at 28 of 32 steps. (A free-running greedy reply is not compared: the
+    per-token int8 rounding turns the CPU's f32 rounding differences into other tokens,
+    after the 15th token on an AMD EPYC, after the 5th on an Intel Xeon.)"""
     tok, (ids, hf_logits, ref) = hf_gguf[0], hf_greedy
     runner = _runner(smollm2, "w8a8_int8")
-    batch = build_batch([RequestSlice(np.array(ids, np.int32),
-                                      np.arange(1, len(ids) + 1, dtype=np.int32))],
-                        runner.buckets)
-    logits = runner.all_logits(batch)
+
+    def step(new: list[int], length: int) -> np.ndarray:  # the logits of `new`'s last token
+        batch = build_batch([RequestSlice(np.array(new, np.int32),
+                                          np.arange(1, length + 1, dtype=np.int32))],
+                            runner.buckets)
+        return runner.all_logits(batch)
+
+    logits = step(ids, len(ids))
     assert rel_err(logits, hf_logits) < 0.25
     assert np.mean(logits.argmax(-1) == hf_logits.argmax(-1)) >= 0.8
-    ours = list(generate_tokens(runner, ids, SamplingParams(max_new_tokens=32, temperature=0)))
-    assert ours[:12] == ref[:12], (tok.decode(ours), tok.decode(ref))
+    tops = [int(logits[-1].argmax())]
+    for i in range(1, len(ref)):  # decode steps along HF's reply (its token i - 1 as input)
+        tops.append(int(step([ref[i - 1]], len(ids) + i)[0].argmax()))
+    assert np.mean(np.array(tops) == np.array(ref)) >= 0.75, (tok.decode(tops), tok.decode(ref))

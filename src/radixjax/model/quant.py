@@ -37,9 +37,9 @@ made SmolLM2's w8a8 B = 1 step 25 ms instead of 17 (benchmarks/README.md, W8A8 a
 That was an AMD EPYC with AVX2. On a CPU with AMX int8 tiles (an Intel Xeon of the
 fifteenth session: YNNPACK's int8 GEMM there costs about the same from 1 to 64 rows, a
 [M, 576] x [576, 3072] layer ~170 us at M = 4..8 against ~320 at M = 1 and ~510 for the
-one-row vector product) one token's products, layers and head, go through the GEMM
-padded to ONE_ROW_GEMM_ROWS rows instead: SmolLM2 w8a8 B = 1 30 -> 24 ms there
-(benchmarks/README.md, fifteenth session)."""
+one-row vector product) one token's layer products go through the GEMM padded to
+ONE_ROW_GEMM_ROWS rows instead (the same integer sums): SmolLM2 w8a8 B = 1 30 -> 24.5 ms
+there (benchmarks/README.md, fifteenth session)."""
 
 from __future__ import annotations
 
@@ -105,15 +105,14 @@ def int8_linear(x: jax.Array, w: Int8Weight, one_row_gemm: bool | None = None) -
 HEAD_ROWS_MAX = 2  # up to this many rows: the weight-only int8 head, row by row
 
 
-def int8_head(h: jax.Array, head: Int8Weight, one_row_gemm: bool | None = None) -> jax.Array:
+def int8_head(h: jax.Array, head: Int8Weight) -> jax.Array:
     """h [N, D] f32, head (q [V, D], scale [V]) -> logits [N, V] f32: weight-only, one
-    vector product per row, up to HEAD_ROWS_MAX rows; past them, or with one_row_gemm
-    (None: an AMX CPU, as int8_linear), the int8 GEMM of the layers (int8 activations
-    too)."""
-    if one_row_gemm is None:
-        one_row_gemm = cpu_has_amx_int8()
-    if h.shape[0] > HEAD_ROWS_MAX or one_row_gemm:
-        return int8_linear(h, head, one_row_gemm)
+    vector product per row, up to HEAD_ROWS_MAX rows (on AMX CPUs too, where the W8A8
+    GEMM padded as int8_linear's would save ~0.5 ms at B = 1 and ~2.8 at B = 2 for logits
+    ~2.7 % instead of ~2.3 % off the f32 head's: not taken); past them the int8 GEMM of the
+    layers (int8 activations too)."""
+    if h.shape[0] > HEAD_ROWS_MAX:
+        return int8_linear(h, head)
     return out_in_linear(h, OutIn(head.q.astype(jnp.float32))) * head.scale
 
 
