@@ -13,7 +13,14 @@ import numpy as np
 import pytest
 
 from radixjax.loaders import load_model
-from radixjax.model.dense_weights import LINEAR_WEIGHTS, ROWS_MAX, OutIn, out_in_linear
+from radixjax.model import cpu
+from radixjax.model.dense_weights import (
+    LINEAR_WEIGHTS,
+    ROWS_MAX,
+    OutIn,
+    out_in_linear,
+    rows_max,
+)
 from radixjax.model.layer_stack import layer_groups, stack_layers
 from radixjax.model.quant import Int8Weight, quantize_params
 from tests.model.harness import tiny_runner
@@ -25,10 +32,11 @@ def test_out_in_product_equals_x_at_w(t: int, dtype) -> None:
     rng = np.random.default_rng(t)
     x = rng.standard_normal((t, 24)).astype(np.float32)
     w = rng.standard_normal((24, 40)).astype(np.float32)
-    got = out_in_linear(jnp.asarray(x), OutIn(jnp.asarray(w.T, dtype)))
     ref = x.astype(dtype).astype(np.float32) @ w.astype(dtype).astype(np.float32)
-    assert got.shape == (t, 40) and got.dtype == jnp.float32
-    np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-5, atol=1e-4)
+    for rows in (None, 1, ROWS_MAX):  # this CPU's rule; a GEMM past one row; past eight
+        got = out_in_linear(jnp.asarray(x), OutIn(jnp.asarray(w.T, dtype)), rows)
+        assert got.shape == (t, 40) and got.dtype == jnp.float32
+        np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-5, atol=1e-4)
 
 
 def test_stacking_transposes_the_dense_matrices_only(tiny_model_dir) -> None:
@@ -53,9 +61,15 @@ def weight_slice_copies(hlo: str, weight_shapes: set[tuple[int, ...]]) -> int:
     return sum((int(a), int(b)) in weight_shapes for a, b in outs)
 
 
-def test_small_steps_read_stacked_weights_in_place(tiny_model_dir) -> None:
-    """T <= ROWS_MAX: no weight-slice copy in the program; T = 16 (a GEMM) still copies,
-    which shows the check sees them."""
+@pytest.mark.parametrize("amx", [False, True])
+def test_small_steps_read_stacked_weights_in_place(amx: bool, tiny_model_dir,
+                                                   monkeypatch) -> None:
+    """T <= rows_max() (ROWS_MAX; one row on a CPU with AMX, model/cpu.py): no
+    weight-slice copy in the program; the next bucket (a GEMM) still copies, which shows
+    the check sees them."""
+    monkeypatch.setattr(cpu, "has_amx", lambda: amx)
+    rows = rows_max()
+    assert rows == (1 if amx else ROWS_MAX)
     m = load_model(tiny_model_dir("llama3"), load_tokenizer=False)
     runner = tiny_runner(m.cfg, m.params, max_running=16)
     shapes = {w.wt.shape[-2:] for lp in runner.params["groups"] for w in lp.values()
@@ -64,5 +78,5 @@ def test_small_steps_read_stacked_weights_in_place(tiny_model_dir) -> None:
     programs = {s.num_tokens: s for s in runner.buckets.shapes}
     copies = {t: weight_slice_copies(runner.programs._lower(programs[t]).compile().as_text(),
                                      shapes)
-              for t in (1, ROWS_MAX, 16)}
-    assert copies[1] == copies[ROWS_MAX] == 0 and copies[16] > 0, copies
+              for t in (1, rows, 2 * rows)}
+    assert copies[1] == copies[rows] == 0 and copies[2 * rows] > 0, copies

@@ -13,13 +13,13 @@ import pytest
 from radixjax.engine.config import EngineConfig, EngineConfigError
 from radixjax.engine.engine import runner_config_for
 from radixjax.loaders import load_model
+from radixjax.model import cpu
 from radixjax.model.dense_weights import LINEAR_WEIGHTS
 from radixjax.model.llama import lm_head
 from radixjax.model.quant import (
     HEAD_ROWS_MAX,
     ONE_ROW_GEMM_ROWS,
     Int8Weight,
-    cpu_has_amx_int8,
     int8_head,
     int8_linear,
     quantize_int8,
@@ -79,7 +79,7 @@ def _int8_dot_shapes(f, *args) -> list[str]:
 
 def test_one_token_takes_the_gemm_on_amx_cpus_only() -> None:
     """The form follows one_row_gemm (padded: an int8 GEMM of ONE_ROW_GEMM_ROWS rows; not:
-    no int8 dot at all), and by default the CPU (cpu_has_amx_int8: the flag in
+    no int8 dot at all), and by default the CPU (model/cpu.py: the AMX flag in
     /proc/cpuinfo). The head's one row stays weight-only either way."""
     rng = np.random.default_rng(3)
     qw = quantize_int8(jnp.asarray(rng.standard_normal((64, 24)), jnp.float32))
@@ -90,7 +90,7 @@ def test_one_token_takes_the_gemm_on_amx_cpus_only() -> None:
     assert _int8_dot_shapes(lambda x: int8_head(x, qw), x) == []
     with open("/proc/cpuinfo") as f:
         amx = "amx_int8" in f.read().split()
-    assert cpu_has_amx_int8() == amx
+    assert cpu.has_amx() == amx
     assert _int8_dot_shapes(lambda x: int8_linear(x, qw), x) == (gemm if amx else [])
 
 

@@ -43,13 +43,13 @@ there (benchmarks/README.md, fifteenth session)."""
 
 from __future__ import annotations
 
-from functools import cache
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from radixjax.engine.config import QUANTIZATIONS  # ("none", "w8a8_int8")
+from radixjax.model import cpu
 from radixjax.model.dense_weights import LINEAR_WEIGHTS, OutIn, out_in_linear
 from radixjax.model.params import Params
 
@@ -72,23 +72,12 @@ def quantize_int8(w: jax.Array) -> Int8Weight:
 ONE_ROW_GEMM_ROWS = 4  # AMX CPUs: one token's product through the GEMM, padded this far
 
 
-@cache
-def cpu_has_amx_int8() -> bool:
-    """Whether this host's CPU has AMX int8 tiles (Linux /proc/cpuinfo flags): where it
-    does, one token's int8 products take the GEMM (module docstring)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and "amx_int8" in line.split() for line in f)
-    except OSError:
-        return False
-
-
 def int8_linear(x: jax.Array, w: Int8Weight, one_row_gemm: bool | None = None) -> jax.Array:
     """x [T, I] f32 -> [T, O] f32, through int8 activations (one scale per token).
     one_row_gemm: T = 1 through the int8 GEMM (padded to ONE_ROW_GEMM_ROWS rows) instead
-    of a vector product; None: where the CPU has AMX int8 (cpu_has_amx_int8)."""
+    of a vector product; None: where the CPU has AMX (model/cpu.py)."""
     if one_row_gemm is None:
-        one_row_gemm = cpu_has_amx_int8()
+        one_row_gemm = cpu.has_amx()
     a = jnp.maximum(jnp.max(jnp.abs(x), axis=-1, keepdims=True), 1e-30) / 127  # [T, 1]
     xq = jnp.round(x / a)  # integers in [-127, 127], exact in f32
     t = x.shape[0]
@@ -113,7 +102,7 @@ def int8_head(h: jax.Array, head: Int8Weight) -> jax.Array:
     layers (int8 activations too)."""
     if h.shape[0] > HEAD_ROWS_MAX:
         return int8_linear(h, head)
-    return out_in_linear(h, OutIn(head.q.astype(jnp.float32))) * head.scale
+    return out_in_linear(h, OutIn(head.q.astype(jnp.float32)), HEAD_ROWS_MAX) * head.scale
 
 
 def quantize_params(params: Params, quantization: str) -> Params:
