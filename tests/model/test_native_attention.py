@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from radixjax.model import cpu
 from radixjax.model import native_attention as na
 from radixjax.model.attention import (
     SHARED_PREFIX_MIN_BATCH,
@@ -21,6 +22,7 @@ from radixjax.model.native_attention import (
     BLOCK_DIAGONAL_MAX_KV_HEADS,
     DECODE_MAX_BLOCK_K,
     DECODE_MIN_BLOCK_K,
+    DECODE_SOLO_BLOCK_K,
     EXTEND_BLOCK_K,
     MULTIPLY_SUM_MAX_GROUP,
     MULTIPLY_SUM_MIN_BATCH,
@@ -66,7 +68,8 @@ def _force_form(form: str, monkeypatch: pytest.MonkeyPatch) -> int:
 
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("window", [None, 7])
-@pytest.mark.parametrize("block_k", [DECODE_MAX_BLOCK_K, DECODE_MIN_BLOCK_K])
+@pytest.mark.parametrize("block_k", [DECODE_SOLO_BLOCK_K, DECODE_MAX_BLOCK_K,
+                                     DECODE_MIN_BLOCK_K])
 def test_decode_matches_numpy(form: str, window: int | None, block_k: int,
                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(na, "decode_block_k", lambda batch: block_k)
@@ -261,7 +264,10 @@ def test_decode_form_follows_kv_heads_and_batch() -> None:
     assert decode_form(1, many, 64) == "block_diagonal"  # e.g. MLA: many heads per KV head
 
 
-def test_decode_key_block_follows_batch() -> None:
-    """About 512 pool rows per loop step, in blocks of 32..256 keys (powers of two)."""
-    assert [decode_block_k(b) for b in (1, 8, 9, 16, 32, 64, 1024)] == [
-        256, 64, 32, 32, 32, 32, 32]
+@pytest.mark.parametrize("amx", [False, True])
+def test_decode_key_block_follows_batch(amx: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """About 512 pool rows per loop step, in blocks of 32..256 keys (powers of two); one
+    request on a CPU with AMX: DECODE_SOLO_BLOCK_K."""
+    monkeypatch.setattr(cpu, "has_amx", lambda: amx)
+    assert [decode_block_k(b) for b in (1, 2, 8, 9, 16, 32, 64, 1024)] == [
+        DECODE_SOLO_BLOCK_K if amx else 256, 256, 64, 32, 32, 32, 32, 32]

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from radixjax.model import cpu
 from radixjax.model.attention import (
     MASK_VALUE,
     SHARED_PREFIX_MIN_BATCH,
@@ -50,6 +51,12 @@ from radixjax.model.attention import (
 # keys: 138 ms, the loop's per-step cost). benchmarks/README.md, decode key blocks.
 DECODE_BLOCK_ROWS = 512
 DECODE_MIN_BLOCK_K, DECODE_MAX_BLOCK_K = 32, 256
+# B = 1 on a CPU with AMX (model/cpu.py): 1024 keys a loop step (the table reads are
+# clamped to the row; keys past it masked). SmolLM2 w8a8 + bf16 KV, B = 1, ms, 256 ->
+# 1024 keys: context 128 21.5 -> 22.4, 512 ~24 -> 22.6, 900 28.1 -> 23.3, 2000 34.4 ->
+# 30.9; 2048 keys: 29-31 from 512 to 2000 (benchmarks/README.md, fifteenth session). The
+# AMD (AVX2) keeps 256: not measured past it there.
+DECODE_SOLO_BLOCK_K = 1024
 # keys per step of the shared-prefix pass: 512 for up to SHARED_SMALL_ROWS query rows
 # (decode steps), else 256 (the score block is rows x keys). SmolLM2 w8a8 decode, 800
 # shared keys: 512 vs 256 B = 32 175 vs 208 ms/step, B = 8 within noise
@@ -68,7 +75,10 @@ assert all(TABLE_ALIGN % k == 0 for k in (DECODE_MAX_BLOCK_K, EXTEND_BLOCK_K,
 
 def decode_block_k(batch: int) -> int:
     """Keys per decode loop step for a batch of `batch` requests: a power of two in
-    [DECODE_MIN_BLOCK_K, DECODE_MAX_BLOCK_K], about DECODE_BLOCK_ROWS / batch."""
+    [DECODE_MIN_BLOCK_K, DECODE_MAX_BLOCK_K], about DECODE_BLOCK_ROWS / batch
+    (DECODE_SOLO_BLOCK_K for one request on a CPU with AMX)."""
+    if batch == 1 and cpu.has_amx():
+        return DECODE_SOLO_BLOCK_K
     k = DECODE_MAX_BLOCK_K
     while k > DECODE_MIN_BLOCK_K and batch * k > DECODE_BLOCK_ROWS:
         k //= 2
