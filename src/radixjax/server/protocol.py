@@ -65,11 +65,11 @@ def _typed(body: dict, name: str, types: tuple[type, ...], default: Any) -> Any:
     value = body.get(name, default)
     if value is None:
         return default
+    kind = "a number" if float in types else f"of type {types[0].__name__}"
     if isinstance(value, bool) and bool not in types:
-        raise bad(f"'{name}' must be of type {types[0].__name__}", name)
+        raise bad(f"'{name}' must be {kind}", name)
     if not isinstance(value, types):
-        raise bad(f"'{name}' must be of type {types[0].__name__}, got {type(value).__name__}",
-                  name)
+        raise bad(f"'{name}' must be {kind}, got {type(value).__name__}", name)
     return value
 
 
