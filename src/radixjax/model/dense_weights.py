@@ -56,7 +56,6 @@ def out_in_linear(x: jax.Array, w: OutIn, rows: int | None = None) -> jax.Array:
     product per row up to `rows` rows (None: rows_max()), else one GEMM."""
     x = x.astype(w.wt.dtype)
     if x.shape[0] <= (rows_max() if rows is None else rows):
-        rows = [jnp.matmul(x[t], w.wt.T, preferred_element_type=jnp.float32)
-                for t in range(x.shape[0])]
-        return jnp.stack(rows)
+        return jnp.stack([jnp.matmul(x[t], w.wt.T, preferred_element_type=jnp.float32)
+                          for t in range(x.shape[0])])
     return jnp.matmul(x, w.wt.T, preferred_element_type=jnp.float32)
