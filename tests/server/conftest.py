@@ -76,8 +76,16 @@ def running_server(extra: list[str] = ()) -> Iterator[str]:
     try:
         yield url
     finally:
-        proc.terminate()
+        stop_server(proc)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
         proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=15)
 
 
 def wait_idle(url: str, timeout: float = 30.0) -> dict:
@@ -89,19 +97,6 @@ def wait_idle(url: str, timeout: float = 30.0) -> dict:
         if idle or time.monotonic() > deadline:
             return stats
         time.sleep(0.2)
-
-
-LIMITED_ARGS = ["--api-key", "s3cret", "--max-concurrent-requests", "1"]
-
-
-@pytest.fixture(scope="session")
-def limited_server(background_servers: dict) -> Iterator[str]:
-    """A second server: an API key ("s3cret") and one request in progress at most.
-    Launched in the background once the shared server is up (tests/conftest.py), so its
-    start-up overlaps other tests."""
-    launched = background_servers.get("limited") or launch_server(LIMITED_ARGS)
-    background_servers["limited"] = launched
-    yield wait_healthy(launched)[1]
 
 
 def start_router(args: list[str]) -> tuple[subprocess.Popen, str]:

@@ -1,5 +1,5 @@
 """Bad input gets an OpenAI-style 4xx and the server keeps serving; dropped streams
-free their KV; a bounded burst of concurrent streams all complete; the API key."""
+free their KV; a bounded burst of concurrent streams all complete."""
 
 from __future__ import annotations
 
@@ -135,20 +135,3 @@ def test_burst_of_concurrent_streams_completes(server) -> None:
     counts = asyncio.run(main())
     assert all(c >= 2 for c in counts), counts
     assert wait_idle(server)["kv_held"] == 0
-
-
-def test_api_key_is_required_when_set(limited_server) -> None:
-    url = limited_server
-    body = {"model": MODEL, "messages": MSG, "max_tokens": 2}
-    assert httpx.post(url + CHAT, json=body, timeout=60).status_code == 401
-    wrong = {"Authorization": "Bearer nope"}
-    r = httpx.post(url + CHAT, json=body, headers=wrong, timeout=60)
-    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
-    ok = httpx.post(url + CHAT, json=body, headers={"Authorization": "Bearer s3cret"},
-                    timeout=60)
-    assert ok.status_code == 200
-    assert httpx.get(url + "/health", timeout=5).status_code == 200  # health is open
-    # debug endpoints are off unless --enable-debug-endpoints
-    r = httpx.post(url + "/debug/inject_fault", headers={"Authorization": "Bearer s3cret"},
-                   timeout=10)
-    assert r.status_code == 404

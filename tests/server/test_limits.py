@@ -1,7 +1,8 @@
 """Limits through the real server: a body past --max-request-bytes is refused (413)
 before it is read whole; a text that cannot fit the context is refused before it is
 tokenized; a huge max_tokens is clamped to the context and stalls nobody; a client that
-leaves a non-streaming request aborts it; state-changing endpoints are POST-only."""
+leaves a non-streaming request aborts it; state-changing endpoints are POST-only; a
+second server's API key and concurrency limit."""
 
 from __future__ import annotations
 
@@ -10,10 +11,26 @@ import time
 import httpx
 import pytest
 
-from tests.server.conftest import MODEL, wait_idle
+from tests.server.conftest import MODEL, launch_server, stop_server, wait_healthy, wait_idle
 
-COMP = "/v1/completions"
+CHAT, COMP = "/v1/chat/completions", "/v1/completions"
 MAX_BYTES = 1_000_000  # the session server's --max-request-bytes (tests/conftest.py)
+LIMITED_ARGS = ["--api-key", "s3cret", "--max-concurrent-requests", "1"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _limited_launch():
+    """The second server starts with the module (its start-up overlaps the first tests)
+    and stops with it: it lives only while its tests run (the suite's memory peak)."""
+    launched = launch_server(LIMITED_ARGS)
+    yield launched
+    stop_server(launched.proc)
+
+
+@pytest.fixture
+def limited_server(_limited_launch) -> str:
+    """A second server: an API key ("s3cret") and one request in progress at most."""
+    return wait_healthy(_limited_launch)[1]
 
 
 def _stats(url: str) -> dict:
@@ -95,3 +112,21 @@ def test_requests_past_the_concurrency_limit_get_503_with_retry_after(limited_se
                             headers=headers, timeout=60).status_code
         time.sleep(0.2)
     assert status == 200
+
+
+def test_api_key_is_required_when_set(limited_server) -> None:
+    url = limited_server
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2}
+    assert httpx.post(url + CHAT, json=body, timeout=60).status_code == 401
+    wrong = {"Authorization": "Bearer nope"}
+    r = httpx.post(url + CHAT, json=body, headers=wrong, timeout=60)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    ok = httpx.post(url + CHAT, json=body, headers={"Authorization": "Bearer s3cret"},
+                    timeout=60)
+    assert ok.status_code == 200
+    assert httpx.get(url + "/health", timeout=5).status_code == 200  # health is open
+    # debug endpoints are off unless --enable-debug-endpoints
+    r = httpx.post(url + "/debug/inject_fault", headers={"Authorization": "Bearer s3cret"},
+                   timeout=10)
+    assert r.status_code == 404

@@ -40,6 +40,7 @@ from radixjax.model.quant import QUANTIZATIONS, quantize_params
 from radixjax.parallel.rules import Layout
 from radixjax.parallel.shard_params import kv_sharding, shard_params, sharded_config
 from radixjax.runtime.batch import DUMMY_SLOT, Buckets, HostBatch, PromptScores, TokenSource
+from radixjax.runtime.host_memory import release_free_memory
 from radixjax.runtime.penalties import apply_penalties, count_sampled, gather_counts
 from radixjax.runtime.prompt_logprobs import (
     PromptLogprobs,
@@ -379,6 +380,7 @@ class ModelRunner:
         spare = self.config.max_running  # the tiny row-sync program, on the spare row
         self._sync_rows(_padding_batch(self.buckets.shapes[0], spare)._replace(
             row_syncs=((spare, np.zeros(1, np.int32)),)))
+        release_free_memory()  # the compiles' temporaries (~0.8 GB for SmolLM2)
         log.info("%d step programs ready", self.num_programs)
 
 
