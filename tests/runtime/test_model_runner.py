@@ -9,6 +9,7 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from radixjax.loaders import load_model
 from radixjax.runtime.batch import PromptScores, RequestSlice, build_batch
@@ -81,6 +82,12 @@ def test_bfloat16_kv_pool_stays_close_and_is_never_upcast(tiny_model_dir) -> Non
     rows = runner.kv[0].shape[0]  # (an odd size no other array has)
     program = runner.programs.get(runner.buckets.shapes[0]).as_text()
     assert not re.search(rf"\b(f32|bf16)\[{rows},", program)
+    # a step's host inputs packed otherwise than its program's are refused
+    other = runner.buckets.shapes[1]
+    _, packing = runner._example_args(other)
+    with pytest.raises(ValueError, match="not packed as"):
+        runner.programs.get(runner.buckets.shapes[0], packing)
+    assert runner.programs.get(other, packing) is not None
 
 
 def test_one_program_per_token_bucket_serves_every_option_and_context(tiny_model_dir) -> None:

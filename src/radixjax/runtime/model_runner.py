@@ -41,6 +41,7 @@ from radixjax.parallel.rules import Layout
 from radixjax.parallel.shard_params import kv_sharding, shard_params, sharded_config
 from radixjax.runtime.batch import DUMMY_SLOT, Buckets, HostBatch, PromptScores, TokenSource
 from radixjax.runtime.host_memory import release_free_memory
+from radixjax.runtime.packed_inputs import Packing, pack, unpack
 from radixjax.runtime.penalties import apply_penalties, count_sampled, gather_counts
 from radixjax.runtime.prompt_logprobs import (
     PromptLogprobs,
@@ -171,6 +172,18 @@ def _step(
             counts)
 
 
+def _packed_step(
+    params: Params, kv: KVPool, table: jax.Array, last_tokens: jax.Array, counts: jax.Array,
+    ints: jax.Array, floats: jax.Array, token_mask: jax.Array, *, packing: Packing,
+    **statics: Any,
+) -> tuple[StepOutput, KVPool, jax.Array, jax.Array, jax.Array]:
+    """_step with its host inputs (ids, sources, scores, metadata, sampling, flags) in the
+    two buffers of runtime/packed_inputs.py."""
+    input_ids, src, scores, md, sp, flags = unpack((ints, floats), packing)
+    return _step(params, kv, table, last_tokens, counts, input_ids, src, scores, md, sp,
+                 token_mask, flags, **statics)
+
+
 def _write_table(table: jax.Array, src: TokenSource,
                  md: AttentionMetadata) -> tuple[jax.Array, AttentionMetadata]:
     """The new tokens' slots into their rows of req_to_token (padding: the spare row)."""
@@ -216,7 +229,8 @@ def _jitted(cfg: ModelConfig, backend: str, page_size: int, layout: Layout | Non
         step_out = dict(out_shardings=(rep, pool_sharding, rep, rep, rep))
         logits_out = dict(out_shardings=(rep, pool_sharding, rep))
     options = dict(compiler_options=dict(xla_options) or None)
-    step = jax.jit(partial(_step, **statics), **step_out, **options,
+    step = jax.jit(partial(_packed_step, **statics), **step_out, **options,
+                   static_argnames="packing",
                    donate_argnames=("kv", "table", "last_tokens", "counts"))
     logits = jax.jit(partial(_all_logits, **statics), **logits_out, **options,
                      donate_argnames=("kv", "table"))
@@ -288,18 +302,19 @@ class ModelRunner:
 
     # -- the step programs ----------------------------------------------------------------
 
-    def _example_args(self, shape: BatchShape) -> tuple:
+    def _example_args(self, shape: BatchShape) -> tuple[tuple, Packing]:
         batch = _padding_batch(shape, self.config.max_running)
         return self._args(batch, SamplingArrays.build([], [], shape.num_reqs),
                           StepOptions(), None)
 
     def _args(self, batch: HostBatch, sp: SamplingArrays, opts: StepOptions,
-              token_mask: np.ndarray | None) -> tuple:
+              token_mask: np.ndarray | None) -> tuple[tuple, Packing]:
+        """(the step program's arguments, the static packing of its host inputs)."""
         scores = batch.scores or PromptScores.none(batch.shape.num_tokens)
-        return (self.params, self.kv, self.req_to_token,
-                self.last_tokens, self.token_counts,
-                *self._put((batch.input_ids, batch.src, scores, batch.md, sp)),
-                self._mask_for(batch, token_mask), self._put(opts.flags()))
+        packing, buffers = pack((batch.input_ids, batch.src, scores, batch.md, sp,
+                                 opts.flags()))
+        return (self.params, self.kv, self.req_to_token, self.last_tokens, self.token_counts,
+                *self._put(buffers), self._mask_for(batch, token_mask)), packing
 
     def _put(self, tree: Any) -> Any:
         """Host arrays -> step inputs (replicated on the mesh). Over several processes
@@ -357,10 +372,10 @@ class ModelRunner:
             raise ValueError("opts.prompt_logprobs goes with batch.scores, and only with it")
         if int(batch.md.kv_len.max()) > self.config.max_context:
             raise ValueError(f"a request exceeds max_context {self.config.max_context}")
-        program = self.programs.get(batch.shape)
         self._sync_rows(batch)
-        out, self.kv, self.req_to_token, self.last_tokens, self.token_counts = program(
-            *self._args(batch, sp, opts, token_mask))
+        args, packing = self._args(batch, sp, opts, token_mask)
+        program = self.programs.get(batch.shape, packing)
+        out, self.kv, self.req_to_token, self.last_tokens, self.token_counts = program(*args)
         return out
 
     def all_logits(self, batch: HostBatch) -> np.ndarray:

@@ -4,8 +4,11 @@
                    (XLA releases the GIL, so tracing the next program overlaps compiling
                    the last: warm-up takes about half as long on the 2-core CPU); JAX's
                    persistent compilation cache answers the compile on a restart
-    get(shape):    the executable; a shape that was not warmed is compiled now and counted
-                   as a late compile (a bucket bug: every step shape should be warm)
+    get(shape, packing):  the executable; a shape that was not warmed is compiled now and
+                   counted as a late compile (a bucket bug: every step shape should be warm)
+
+Each program is lowered with its example arguments' static packing of the host inputs
+(runtime/packed_inputs.py); a step whose packing differs is refused (a layout bug).
 
 (Serializing the executables themselves would also skip tracing on a restart, but
 jax 0.10's CPU executables do not survive deserialization in another process:
@@ -22,6 +25,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from radixjax.model.attention import BatchShape
+from radixjax.runtime.packed_inputs import Packing
 
 log = logging.getLogger(__name__)
 
@@ -29,13 +33,16 @@ COMPILE_THREADS = 2  # the 2-core CPU: tracing on the caller, compiling on both 
 
 
 class StepPrograms:
-    """jitted: the runner's jitted step; example_args(shape) -> the arguments of a step
-    of that shape (placed as real steps place them)."""
+    """jitted: the runner's jitted step (static argument `packing`); example_args(shape) ->
+    (the arguments of a step of that shape, placed as real steps place them, and their
+    packing)."""
 
-    def __init__(self, jitted: Any, example_args: Callable[[BatchShape], tuple]) -> None:
+    def __init__(self, jitted: Any,
+                 example_args: Callable[[BatchShape], tuple[tuple, Packing]]) -> None:
         self._jitted = jitted
         self._example_args = example_args
         self._programs: dict[BatchShape, Any] = {}
+        self._packings: dict[BatchShape, Packing] = {}
         self.is_warm = False
         self.num_late_compiles = 0
 
@@ -43,7 +50,9 @@ class StepPrograms:
         return len(self._programs)
 
     def _lower(self, shape: BatchShape) -> Any:
-        return self._jitted.lower(*self._example_args(shape))  # traces, on this thread
+        args, packing = self._example_args(shape)
+        self._packings[shape] = packing
+        return self._jitted.lower(*args, packing=packing)  # traces, on this thread
 
     def warm(self, shapes: Iterable[BatchShape], progress: bool = True) -> None:
         shapes = [s for s in dict.fromkeys(shapes) if s not in self._programs]
@@ -58,11 +67,14 @@ class StepPrograms:
         bar.close()
         self.is_warm = True
 
-    def get(self, shape: BatchShape) -> Any:
+    def get(self, shape: BatchShape, packing: Packing | None = None) -> Any:
+        """The program of this shape; packing: the step's, which must be the program's."""
         program = self._programs.get(shape)
         if program is None:
             if self.is_warm:
                 self.num_late_compiles += 1
                 log.warning("compiling a step after warm-up: %s", shape)
             program = self._programs[shape] = self._lower(shape).compile()
+        if packing is not None and packing != self._packings[shape]:
+            raise ValueError(f"a step's inputs are not packed as its program's ({shape})")
         return program
