@@ -10,11 +10,17 @@ Formulations (x [M, I] f32 activations; the weight stored either way round):
   Wt@x     W [O, I],  einsum "oi,mi->om", then transposed back
   bf16     W [I, O] bfloat16, dot(bf16, bf16) -> f32
   int8     W [I, O] int8 with a per-column f32 scale, converted in the program
+  w8a8     the model's W8A8 (model/quant.py int8_linear): W [O, I] int8, each row of x
+           rounded to int8 with its own scale, XLA's int8 x int8 -> int32 dot (one row
+           padded to 4 on AMX CPUs, as the model runs it)
+  int4     W [O, I] int4 (jnp.int4) with a per-row scale, the activations as w8a8's, an
+           int8 x int4 -> int32 dot: 4-bit weights as XLA offers them
+  int4>8   the same int4 weight converted to int8 in the program, then w8a8's dot
 and the fused forms the model could use: QKV as one [576, 960] weight, gate/up as one
 [576, 3072]. Each XLA form is timed inside a lax.scan over 30 stacked layers (as the model
 runs them), reported per layer.
 
-    .venv/bin/python benchmarks/matmul.py [--ms 1,8,32,128,512] [--reps 5]
+    .venv/bin/python benchmarks/matmul.py [--ms 1,8,32,128,512] [--reps 5] [--torch-quant]
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from radixjax.model.quant import Int8Weight, int8_linear
 
 LAYERS = 30
 # name -> (in, out)
@@ -55,7 +63,19 @@ def xla_forms() -> dict[str, Callable[[jax.Array, jax.Array], jax.Array]]:
                                      preferred_element_type=jnp.float32),
         # int8: the weight converted in the program, the per-column scale after the dot
         "int8": lambda x, w: jnp.dot(x, w[0].astype(jnp.float32)) * w[1],
+        "w8a8": lambda x, w: int8_linear(x, Int8Weight(*w)),
+        "int4": lambda x, w: _int_activations_dot(x, w[0], w[1]),
+        "int4>8": lambda x, w: _int_activations_dot(x, w[0].astype(jnp.int8), w[1]),
     }
+
+
+def _int_activations_dot(x: jax.Array, q: jax.Array, scale: jax.Array) -> jax.Array:
+    """x [M, I] f32 rounded to int8 per row (w8a8's rule), times q [O, I] (int8 or int4)
+    accumulated in int32, both scales after."""
+    a = jnp.maximum(jnp.max(jnp.abs(x), axis=-1, keepdims=True), 1e-30) / 127
+    xq = jnp.round(x / a).astype(jnp.int8)
+    y = jax.lax.dot_general(xq, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)
+    return y.astype(jnp.float32) * a * scale
 
 
 def weights_for(form: str, i: int, o: int, layers: int, rng: np.random.Generator):
@@ -67,6 +87,12 @@ def weights_for(form: str, i: int, o: int, layers: int, rng: np.random.Generator
     if form == "int8":
         s = np.abs(w).max(axis=1, keepdims=True) / 127
         return (jnp.asarray(np.round(w / s).astype(np.int8)), jnp.asarray(s))
+    if form in ("w8a8", "int4", "int4>8"):  # [O, I], one scale per output row
+        wt = w.transpose(0, 2, 1)
+        top = 127 if form == "w8a8" else 7
+        s = np.abs(wt).max(axis=2) / top
+        q = np.round(wt / s[..., None]).astype(np.int8)
+        return (jnp.asarray(q, jnp.int8 if form == "w8a8" else jnp.int4), jnp.asarray(s))
     return jnp.asarray(w)
 
 
@@ -101,11 +127,35 @@ def time_torch(m: int, i: int, o: int, reps: int) -> float | None:
         return _timed(lambda: torch.nn.functional.linear(x, w), reps)
 
 
+def time_torch_quant(m: int, i: int, o: int, bits: int, reps: int) -> float | None:
+    """Seconds per layer of torch's CPU weight-only kernels (bf16 activations): int8
+    (`_weight_int8pack_mm`, one scale per output) or int4 (`_weight_int4pack_mm_for_cpu`,
+    groups of 32), cycling over `LAYERS` layers' weights as the model streams them."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    x = torch.randn(m, i).bfloat16()
+    layers = LAYERS if i * o < 10_000_000 else 1
+    if bits == 8:
+        ws = [torch.randint(-127, 128, (o, i), dtype=torch.int8) for _ in range(layers)]
+        scale = torch.rand(o).bfloat16()
+        f = [lambda w=w: torch._weight_int8pack_mm(x, w, scale) for w in ws]
+    else:
+        ws = [torch._convert_weight_to_int4pack_for_cpu(
+            torch.randint(0, 16, (o, i), dtype=torch.int32), 2) for _ in range(layers)]
+        sz = torch.rand(i // 32, o, 2).bfloat16()
+        f = [lambda w=w: torch._weight_int4pack_mm_for_cpu(x, w, 32, sz) for w in ws]
+    with torch.no_grad():
+        return _timed(lambda: [g() for g in f], reps) / layers
+
+
 def cell(secs: dict[str, float], form: str, m: int, i: int, o: int) -> str:
     """GFLOP/s (weight GB/s) of one measured form."""
     if form not in secs:
         return "-"
-    wbytes = i * o * {"bf16": 2, "int8": 1}.get(form, 4)
+    wbytes = i * o * {"bf16": 2, "int8": 1, "w8a8": 1, "int4": 0.5, "int4>8": 0.5,
+                      "torch int8": 1, "torch int4": 0.5}.get(form, 4)
     return f"{2 * m * i * o / secs[form] / 1e9:.1f} ({wbytes / secs[form] / 1e9:.1f})"
 
 
@@ -115,12 +165,15 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--forms", default="x@W,x@Wt,W@x,Wt@x,bf16,int8")
     ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--torch-quant", action="store_true",
+                    help="also torch's int8 and int4 weight-only CPU kernels")
     args = ap.parse_args()
     forms = args.forms.split(",")
+    refs = ["numpy", "torch"] + (["torch int8", "torch int4"] if args.torch_quant else [])
     print(f"jax {jax.__version__}, {jax.devices()[0].platform}; GFLOP/s (GB/s of weight "
           f"reads), per layer inside a scan of {LAYERS}")
-    print("| shape | M | " + " | ".join([*forms, "numpy", "torch"]) + " | best XLA |")
-    print("|---|---|" + "---|" * (len(forms) + 3))
+    print("| shape | M | " + " | ".join([*forms, *refs]) + " | best XLA |")
+    print("|---|---|" + "---|" * (len(forms) + len(refs) + 1))
     for name in args.shapes.split(","):
         i, o = SHAPES[name]
         for m in map(int, args.ms.split(",")):
@@ -129,9 +182,13 @@ def main() -> None:
             t = time_torch(m, i, o, args.reps)
             if t is not None:
                 secs["torch"] = t
+            for bits in (8, 4) if args.torch_quant else ():
+                t = time_torch_quant(m, i, o, bits, args.reps)
+                if t is not None:
+                    secs[f"torch int{bits}"] = t
             best = min(forms, key=secs.__getitem__)
             print(f"| {name} [{i}x{o}] | {m} | " + " | ".join(cell(secs, f, m, i, o) for f in
-                  [*forms, "numpy", "torch"]) + f" | {best} |", flush=True)
+                  [*forms, *refs]) + f" | {best} |", flush=True)
 
 
 if __name__ == "__main__":
