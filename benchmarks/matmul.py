@@ -13,8 +13,8 @@ Formulations (x [M, I] f32 activations; the weight stored either way round):
   w8a8     the model's W8A8 (model/quant.py int8_linear): W [O, I] int8, each row of x
            rounded to int8 with its own scale, XLA's int8 x int8 -> int32 dot (one row
            padded to 4 on AMX CPUs, as the model runs it)
-  int4     W [O, I] int4 (jnp.int4) with a per-row scale, the activations as w8a8's, an
-           int8 x int4 -> int32 dot: 4-bit weights as XLA offers them
+  int4     W [O, I] int4 (jnp.int4) with a per-row scale through w8a8's code (int8_linear):
+           an int8 x int4 -> int32 dot, 4-bit weights as XLA offers them
   int4>8   the same int4 weight converted to int8 in the program, then w8a8's dot
 and the fused forms the model could use: QKV as one [576, 960] weight, gate/up as one
 [576, 3072]. Each XLA form is timed inside a lax.scan over 30 stacked layers (as the model
@@ -63,19 +63,11 @@ def xla_forms() -> dict[str, Callable[[jax.Array, jax.Array], jax.Array]]:
                                      preferred_element_type=jnp.float32),
         # int8: the weight converted in the program, the per-column scale after the dot
         "int8": lambda x, w: jnp.dot(x, w[0].astype(jnp.float32)) * w[1],
+        # w8a8 and the int4 forms: the model's own product (quant.int8_linear)
         "w8a8": lambda x, w: int8_linear(x, Int8Weight(*w)),
-        "int4": lambda x, w: _int_activations_dot(x, w[0], w[1]),
-        "int4>8": lambda x, w: _int_activations_dot(x, w[0].astype(jnp.int8), w[1]),
+        "int4": lambda x, w: int8_linear(x, Int8Weight(*w)),
+        "int4>8": lambda x, w: int8_linear(x, Int8Weight(w[0].astype(jnp.int8), w[1])),
     }
-
-
-def _int_activations_dot(x: jax.Array, q: jax.Array, scale: jax.Array) -> jax.Array:
-    """x [M, I] f32 rounded to int8 per row (w8a8's rule), times q [O, I] (int8 or int4)
-    accumulated in int32, both scales after."""
-    a = jnp.maximum(jnp.max(jnp.abs(x), axis=-1, keepdims=True), 1e-30) / 127
-    xq = jnp.round(x / a).astype(jnp.int8)
-    y = jax.lax.dot_general(xq, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)
-    return y.astype(jnp.float32) * a * scale
 
 
 def weights_for(form: str, i: int, o: int, layers: int, rng: np.random.Generator):
