@@ -78,14 +78,16 @@ def _int8_dot_shapes(f, *args) -> list[str]:
 
 
 def test_one_token_takes_the_gemm_on_amx_cpus_only() -> None:
-    """The form follows one_row_gemm (padded: an int8 GEMM of ONE_ROW_GEMM_ROWS rows; not:
-    no int8 dot at all), and by default the CPU (model/cpu.py: the AMX flag in
-    /proc/cpuinfo). The head's one row stays weight-only either way."""
+    """The form follows one_row_gemm (padded: an int8 GEMM of ONE_ROW_GEMM_ROWS rows, the
+    weight its left operand; not: no int8 dot at all), and by default the CPU
+    (model/cpu.py: the AMX flag in /proc/cpuinfo). The head's one row stays weight-only
+    either way."""
     rng = np.random.default_rng(3)
     qw = quantize_int8(jnp.asarray(rng.standard_normal((64, 24)), jnp.float32))
     x = jnp.asarray(rng.standard_normal((1, 64)), jnp.float32)
     gemm = _int8_dot_shapes(lambda x: int8_linear(x, qw, True), x)
-    assert len(gemm) == 1 and f"tensor<{ONE_ROW_GEMM_ROWS}x64xi8>" in gemm[0]
+    assert gemm == [f"(tensor<24x64xi8>, tensor<{ONE_ROW_GEMM_ROWS}x64xi8>) -> "
+                    f"tensor<24x{ONE_ROW_GEMM_ROWS}xi32>"]  # the weight as the left operand
     assert _int8_dot_shapes(lambda x: int8_linear(x, qw, False), x) == []
     assert _int8_dot_shapes(lambda x: int8_head(x, qw), x) == []
     with open("/proc/cpuinfo") as f:

@@ -39,7 +39,10 @@ fifteenth session: YNNPACK's int8 GEMM there costs about the same from 1 to 64 r
 [M, 576] x [576, 3072] layer ~170 us at M = 4..8 against ~320 at M = 1 and ~510 for the
 one-row vector product) one token's layer products go through the GEMM padded to
 ONE_ROW_GEMM_ROWS rows instead (the same integer sums): SmolLM2 w8a8 B = 1 30 -> 24.5 ms
-there (benchmarks/README.md, fifteenth session)."""
+there (benchmarks/README.md, fifteenth session). The weight goes in as the left operand
+of that GEMM ([O, I] x [4, I] -> [O, 4]): B = 1 22.3-22.6 -> 20.5-21.4 ms at context 512,
+23.2-23.8 -> 22.0 at 900 (seventeenth session); from two rows the activations stay the
+left operand (a 30-layer chain at M = 2..64: within the noise either way)."""
 
 from __future__ import annotations
 
@@ -86,8 +89,13 @@ def int8_linear(x: jax.Array, w: Int8Weight, one_row_gemm: bool | None = None) -
     else:
         rows = ONE_ROW_GEMM_ROWS if t == 1 else t
         xq = jnp.pad(xq, ((0, rows - t), (0, 0))).astype(jnp.int8)  # [rows, I]
-        y = jax.lax.dot_general(xq, w.q, (((1,), (1,)), ((), ())),
-                                preferred_element_type=jnp.int32)[:t].astype(jnp.float32)
+        if t == 1:  # the weight as the left operand: [O, I] x [rows, I] -> [O, rows]
+            y = jax.lax.dot_general(w.q, xq, (((1,), (1,)), ((), ())),
+                                    preferred_element_type=jnp.int32)[:, :1].T
+        else:
+            y = jax.lax.dot_general(xq, w.q, (((1,), (1,)), ((), ())),
+                                    preferred_element_type=jnp.int32)
+        y = y.astype(jnp.float32)
     return y * a * w.scale
 
 
