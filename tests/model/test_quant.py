@@ -20,6 +20,7 @@ from radixjax.model.quant import (
     HEAD_ROWS_MAX,
     ONE_ROW_GEMM_ROWS,
     Int8Weight,
+    head_rows_max,
     int8_head,
     int8_linear,
     quantize_int8,
@@ -80,8 +81,8 @@ def _int8_dot_shapes(f, *args) -> list[str]:
 def test_one_token_takes_the_gemm_on_amx_cpus_only() -> None:
     """The form follows one_row_gemm (padded: an int8 GEMM of ONE_ROW_GEMM_ROWS rows, the
     weight its left operand; not: no int8 dot at all), and by default the CPU
-    (model/cpu.py: the AMX flag in /proc/cpuinfo). The head's one row stays weight-only
-    either way."""
+    (model/cpu.py: the AMX flag in /proc/cpuinfo); the head's one row likewise (weight-only
+    on AVX2 CPUs, the same GEMM on AMX ones)."""
     rng = np.random.default_rng(3)
     qw = quantize_int8(jnp.asarray(rng.standard_normal((64, 24)), jnp.float32))
     x = jnp.asarray(rng.standard_normal((1, 64)), jnp.float32)
@@ -89,11 +90,13 @@ def test_one_token_takes_the_gemm_on_amx_cpus_only() -> None:
     assert gemm == [f"(tensor<24x64xi8>, tensor<{ONE_ROW_GEMM_ROWS}x64xi8>) -> "
                     f"tensor<24x{ONE_ROW_GEMM_ROWS}xi32>"]  # the weight as the left operand
     assert _int8_dot_shapes(lambda x: int8_linear(x, qw, False), x) == []
-    assert _int8_dot_shapes(lambda x: int8_head(x, qw), x) == []
+    assert _int8_dot_shapes(lambda x: int8_head(x, qw, HEAD_ROWS_MAX), x) == []
+    assert _int8_dot_shapes(lambda x: int8_head(x, qw, 0), x) == gemm
     with open("/proc/cpuinfo") as f:
         amx = "amx_int8" in f.read().split()
     assert cpu.has_amx() == amx
     assert _int8_dot_shapes(lambda x: int8_linear(x, qw), x) == (gemm if amx else [])
+    assert _int8_dot_shapes(lambda x: int8_head(x, qw), x) == (gemm if amx else [])
 
 
 @pytest.mark.parametrize("family", ["deepseek_v3", "llama3"])
@@ -124,8 +127,8 @@ def test_int8_runner_tracks_f32(family: str, tiny_model_dir) -> None:
 def test_int8_head_rows_and_gemm(family: str, tiny_model_dir) -> None:
     """The LM head's int8 copy (of the embedding when tied, llama; of lm_head, mistral),
     one scale per vocabulary row: steps of up to HEAD_ROWS_MAX rows multiply it weight-only
-    (logits within 2 % of the f32 head's), larger ones through the layers' int8 GEMM
-    (int8 activations too: within 5 %)."""
+    on AVX2 CPUs (logits within 2 % of the f32 head's), larger ones (AMX CPUs: all)
+    through the layers' int8 GEMM (int8 activations too: within 5 %)."""
     m = load_model(tiny_model_dir(family), load_tokenizer=False)
     head = m.params["embed"] if m.cfg.tie_word_embeddings else m.params["lm_head"]
     assert m.cfg.tie_word_embeddings == (family == "llama") and "lm_head_int8" not in m.params
@@ -135,7 +138,9 @@ def test_int8_head_rows_and_gemm(family: str, tiny_model_dir) -> None:
     h = jnp.asarray(np.random.default_rng(4).standard_normal((8, head.shape[1]), np.float32))
     for n in (*range(1, HEAD_ROWS_MAX + 2), 8):
         exact = np.asarray(lm_head(m.params, h[:n], m.cfg))
-        ours = np.asarray(lm_head(q, h[:n], m.cfg))
+        ours = np.asarray(int8_head(h[:n], q["lm_head_int8"], HEAD_ROWS_MAX))
+        np.testing.assert_array_equal(np.asarray(lm_head(q, h[:n], m.cfg)), np.asarray(
+            int8_head(h[:n], q["lm_head_int8"], head_rows_max())))  # the CPU's form
         if n <= HEAD_ROWS_MAX:
             assert 0 < rel_err(ours, exact) < 0.02
         else:

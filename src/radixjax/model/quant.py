@@ -16,13 +16,14 @@ served with 8 streams on one shared prompt 1.5x the f32 output rate. Logits with
 (max abs error / max abs logit), the same top token at ~84 % of positions: an opt-in,
 off by default. Weight-only int8 (f32 activations, the weight converted in the program)
 gained ~10 % for the layers and was not kept there. The LM head (`int8_head`): up to
-HEAD_ROWS_MAX rows multiplied row by row, weight-only (the int8 values converted inside
-the vector product, as below; SmolLM2's head 1.5-2.5 vs 4.2 ms for one row, 3.7 vs 6.5
-ms for two, 14 vs 8 ms for eight: the head re-read per row); past that the layers' int8
-GEMM, one [N, D] x [D, V] product (jax 0.10.2: [8, 576] x [576, 49152] 4.6 vs 7.3 ms for
-the f32 head's vocab blocks, 16 rows 7.8 vs 9.4, 32 13.3 vs 14.0; whole decode steps B =
-4 / 8 ~7 % faster; a twelfth-session probe had the int8 GEMM 7x slower). SmolLM2 logits
-within ~2.3 % (weight-only) and ~2.7 % (W8A8) of the f32 head's, the same top tokens.
+HEAD_ROWS_MAX rows (AMX CPUs: none) multiplied row by row, weight-only (the int8 values
+converted inside the vector product, as below; SmolLM2's head 1.5-2.5 vs 4.2 ms for one
+row, 3.7 vs 6.5 ms for two, 14 vs 8 ms for eight: the head re-read per row); past that
+the layers' int8 GEMM, one [N, D] x [D, V] product (jax 0.10.2: [8, 576] x [576, 49152]
+4.6 vs 7.3 ms for the f32 head's vocab blocks, 16 rows 7.8 vs 9.4, 32 13.3 vs 14.0;
+whole decode steps B = 4 / 8 ~7 % faster; a twelfth-session probe had the int8 GEMM 7x
+slower). SmolLM2 logits within ~2.3 % (weight-only) and ~2.7 % (W8A8) of the f32 head's,
+the same top tokens.
 
 Which matrices: those the forward runs through `layers.linear`
 (dense_weights.LINEAR_WEIGHTS). The product is XLA's int8 GEMM (`dot_general` on q [O, I]),
@@ -99,16 +100,24 @@ def int8_linear(x: jax.Array, w: Int8Weight, one_row_gemm: bool | None = None) -
     return y * a * w.scale
 
 
-HEAD_ROWS_MAX = 2  # up to this many rows: the weight-only int8 head, row by row
+HEAD_ROWS_MAX = 2  # up to this many rows: the weight-only int8 head, row by row (AVX2)
 
 
-def int8_head(h: jax.Array, head: Int8Weight) -> jax.Array:
+def head_rows_max() -> int:
+    """Steps of up to this many rows multiply the head weight-only: HEAD_ROWS_MAX, or 0
+    on a CPU with AMX (model/cpu.py), where the W8A8 GEMM is the faster."""
+    return 0 if cpu.has_amx() else HEAD_ROWS_MAX
+
+
+def int8_head(h: jax.Array, head: Int8Weight, rows_max: int | None = None) -> jax.Array:
     """h [N, D] f32, head (q [V, D], scale [V]) -> logits [N, V] f32: weight-only, one
-    vector product per row, up to HEAD_ROWS_MAX rows (on AMX CPUs too, where the W8A8
-    GEMM padded as int8_linear's would save ~0.5 ms at B = 1 and ~2.8 at B = 2 for logits
-    ~2.7 % instead of ~2.3 % off the f32 head's: not taken); past them the int8 GEMM of the
-    layers (int8 activations too)."""
-    if h.shape[0] > HEAD_ROWS_MAX:
+    vector product per row, up to rows_max rows (None: head_rows_max()); past them the
+    int8 GEMM of the layers (int8 activations too: int8_linear). On the AVX2 CPU the
+    weight-only rows won (SmolLM2's head 1.5-2.5 vs 4.2 ms for one row). On AMX CPUs the
+    GEMM wins from one row, its weight the left operand: SmolLM2 B = 1 21.9-22.5 -> 21.1-21.3
+    ms at context 900 (seventeenth session), for logits ~2.7 % instead of ~2.3 % off the
+    f32 head's (the W8A8 layers' own error: ~18 %)."""
+    if h.shape[0] > (head_rows_max() if rows_max is None else rows_max):
         return int8_linear(h, head)
     return out_in_linear(h, OutIn(head.q.astype(jnp.float32)), HEAD_ROWS_MAX) * head.scale
 
