@@ -20,7 +20,7 @@ from typing import Any
 
 from radixjax.engine.config import EngineConfig
 from radixjax.engine.request import Req, ReqState
-from radixjax.engine.scheduler import InFlight, Scheduler, _fetch, supervise
+from radixjax.engine.scheduler import InFlight, Scheduler, _fetch, dispatch, supervise
 from radixjax.engine.stats import EngineStats
 from radixjax.runtime.batch import Buckets
 from radixjax.runtime.dp_batch import RankStep, merge_rank_steps, rank_rows
@@ -134,8 +134,8 @@ class DPAttentionScheduler:
             b.token_mask) for b in batches]
         merged = merge_rank_steps(steps, self.rank_runner.buckets, self.rank_runner.num_rows,
                                   bitmask_width(self.runner.cfg.vocab_size))
-        out = await asyncio.to_thread(self.runner.step, merged.host, merged.sampling,
-                                      merged.opts, merged.token_mask)
+        out = await dispatch(self.runner, merged.host, merged.sampling, merged.opts,
+                             merged.token_mask)
         arrays = await asyncio.to_thread(_fetch, out, merged.opts)
         for rank, (s, batch) in enumerate(zip(self.ranks, batches, strict=True)):
             if batch is not None:

@@ -366,7 +366,10 @@ class Engine:
         queue: asyncio.Queue[StreamChunk] = asyncio.Queue()
         req = self._make_req(self._tokenize(prompt), self._sampling(sampling_params), index,
                              rid)
-        req.on_chunk = lambda chunk: caller.call_soon_threadsafe(queue.put_nowait, chunk)
+        # The scheduler calls on_chunk on its loop: the caller's own (the HTTP server), or
+        # the engine's thread (scripts), woken through call_soon_threadsafe.
+        req.on_chunk = (queue.put_nowait if caller is self._loop else
+                        lambda chunk: caller.call_soon_threadsafe(queue.put_nowait, chunk))
         if req.sampling.grammar is not None:
             await asyncio.to_thread(self._attach_grammars, [req])
         if bootstrap is not None:

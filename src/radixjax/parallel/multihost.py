@@ -148,6 +148,11 @@ class BroadcastRunner:
 
         return call
 
+    def dispatches_at_once(self, shape: Any) -> bool:
+        """No: a step first publishes through the coordination service (a network call),
+        kept off the scheduler's loop."""
+        return False
+
     def stop_followers(self) -> None:
         self._channel.publish(STOP, ())
 

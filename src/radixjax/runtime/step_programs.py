@@ -67,6 +67,9 @@ class StepPrograms:
         bar.close()
         self.is_warm = True
 
+    def has(self, shape: BatchShape) -> bool:
+        return shape in self._programs
+
     def get(self, shape: BatchShape, packing: Packing | None = None) -> Any:
         """The program of this shape; packing: the step's, which must be the program's."""
         program = self._programs.get(shape)
