@@ -118,7 +118,7 @@ def int8_head(h: jax.Array, head: Int8Weight, rows_max: int | None = None) -> ja
     ms at context 900 (seventeenth session), for logits ~2.7 % instead of ~2.3 % off the
     f32 head's (the W8A8 layers' own error: ~18 %)."""
     if h.shape[0] > (head_rows_max() if rows_max is None else rows_max):
-        return int8_linear(h, head)
+        return int8_linear(h, head, one_row_gemm=True)  # the GEMM, from one row
     return out_in_linear(h, OutIn(head.q.astype(jnp.float32)), HEAD_ROWS_MAX) * head.scale
 
 
