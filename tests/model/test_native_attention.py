@@ -212,10 +212,12 @@ def _check_mixed_step(window: int | None, dtype: jnp.dtype) -> None:
                                      jnp.asarray(v_in[new]), *pools, md, window, dh**-0.5)
     assert k_out.dtype == dtype
     np.testing.assert_array_equal(np.asarray(from_pool(k_out[new])), k_pool[new])
+    # beside a bf16 pool the new keys' products take bf16 operands (~3 digits)
+    tol = 2e-5 if dtype == jnp.float32 else 1e-2
     for i in range(t):
         r = rows[np.searchsorted(starts, i, side="right") - 1]
         ref = numpy_decode(q[i], k_pool, v_pool, r[:pos[i] + 1], window)
-        np.testing.assert_allclose(np.asarray(out[i]), ref, rtol=2e-5, atol=2e-5)
+        np.testing.assert_allclose(np.asarray(out[i]), ref, rtol=tol, atol=tol)
 
 
 def _slice(slots: list[int], q_len: int = 1) -> RequestSlice:

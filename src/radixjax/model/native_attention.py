@@ -31,13 +31,15 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from radixjax.model import cpu
+from radixjax.model import cpu, new_keys
 from radixjax.model.attention import (
+    BF16_BITS,
     MASK_VALUE,
     SHARED_PREFIX_MIN_BATCH,
     TABLE_ALIGN,
     AttentionMetadata,
     from_pool,
+    to_pool,
     write_kv,
 )
 
@@ -274,13 +276,19 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
 
 def extend_attention(q: jax.Array, keys: KeySource, num_kv_heads: int, v_dim: int,
                      md: AttentionMetadata, window: int | None, block_q: int, block_k: int,
-                     min_q_len: int = 2, prefix: tuple | None = None) -> jax.Array:
+                     min_q_len: int = 2, prefix: tuple | None = None,
+                     new_kv: tuple[jax.Array, jax.Array] | None = None,
+                     dot_dtype: jnp.dtype = jnp.float32) -> jax.Array:
     """q [T, Hq, Dk] (scaled) -> [T, Hq, Dv]: the tokens of requests with
     q_len >= min_q_len; other rows are garbage. The shared prefix (cached, so visible to
     every new token of its requests) first, for all tokens at once (shared_prefix_pass;
     prefix: its carry per token, [T, Hkv, G(, Dv)], if the caller ran it); then requests
-    go in packed order, a tile's rows past its request's end overwritten by the next
-    extend request's tiles."""
+    go in packed order, each tile of BQ tokens a loop over its request's other keys.
+    new_kv: the step's new keys and values as the pool keeps them ([T, Hkv, Dk],
+    [T, Hkv, Dv]): the tokens attend over them in one triangle of blocks
+    (model/new_keys.py) and the loop reads only the cached keys, skipping requests that
+    have none past the shared prefix (a fresh prompt: no loop step at all); dot_dtype:
+    that triangle's product operands."""
     num_tokens, num_q_heads, head_dim = q.shape
     group = num_q_heads // num_kv_heads
     b = md.q_len.shape[0]
@@ -291,22 +299,23 @@ def extend_attention(q: jax.Array, keys: KeySource, num_kv_heads: int, v_dim: in
         prefix = shared_prefix_pass(q4, keys, v_dim, md, shared[md.token_req], md.positions,
                                     window)
     # [Hkv, G, T + BQ(, Dv)]: the extend tiles' layout; a tile never runs off the end
-    m, denom, acc = (jnp.pad(jnp.moveaxis(x, 0, 2), [(0, 0)] * 2 + [(0, block_q)]
-                             + [(0, 0)] * (x.ndim - 3)) for x in prefix)
+    init = tuple(jnp.pad(jnp.moveaxis(x, 0, 2), [(0, 0)] * 2 + [(0, block_q)]
+                         + [(0, 0)] * (x.ndim - 3)) for x in prefix)
     qp = jnp.pad(q4, ((0, block_q), (0, 0), (0, 0), (0, 0)))
     (ids,) = jnp.nonzero(is_extend, size=b, fill_value=0)  # extend requests, in order
     table_width = md.req_to_token.shape[1]
 
-    def per_request(i: jax.Array, out: jax.Array) -> jax.Array:
+    def per_request(i: jax.Array, carry: tuple) -> tuple:
         r = ids[i]
         start, n, kv_len, row = md.q_start[r], md.q_len[r], md.kv_len[r], md.req_row[r]
         first_pos = kv_len - n
+        own_end = kv_len if new_kv is None else first_pos  # keys the loop reads: < this
 
-        def per_tile(qb: jax.Array, out: jax.Array) -> jax.Array:
+        def per_tile(qb: jax.Array, carry: tuple) -> tuple:
             off = start + qb * block_q
             qt = lax.dynamic_slice_in_dim(qp, off, block_q)  # [BQ, Hkv, G, Dh]
             q_pos = first_pos + qb * block_q + jnp.arange(block_q, dtype=jnp.int32)
-            end = jnp.minimum(q_pos[-1] + 1, kv_len)  # keys the tile can see: < end
+            end = jnp.minimum(q_pos[-1] + 1, own_end)  # keys the tile reads: < end
             # its first own key (past the shared prefix and the window's start): the
             # blocks start there, not at a multiple of block_k
             first = shared[r]
@@ -322,24 +331,33 @@ def extend_attention(q: jax.Array, keys: KeySource, num_kv_heads: int, v_dim: in
                                           (1, block_k))[0] + md.layer_base
                 k, v = keys(slots)  # [BK, Hkv, Dk], [BK, Hkv, Dv]
                 s = jnp.einsum("qhgd,khd->hgqk", qt, k)  # [Hkv, G, BQ, BK]
-                valid = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < kv_len)
+                valid = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < end)
                 valid &= k_pos[None, :] >= col  # (a block moved back: keys read before)
                 if window is not None:
                     valid &= k_pos[None, :] > q_pos[:, None] - window
                 s = jnp.where(valid, s, MASK_VALUE)
                 return _softmax_step(carry, s, v, "hgqk,khd->hgqd")
 
-            init = tuple(lax.dynamic_slice_in_dim(x, off, block_q, axis=2)
-                         for x in (m, denom, acc))  # the shared prefix's part
-            carry = lax.fori_loop(0, (end - first + block_k - 1) // block_k, body, init)
-            tile = _finish(carry).transpose(2, 0, 1, 3)  # [BQ, Hkv, G, Dv]
-            return lax.dynamic_update_slice_in_dim(out, tile, off, axis=0)
+            tile = lax.fori_loop(0, (end - first + block_k - 1) // block_k, body,
+                                 tuple(lax.dynamic_slice_in_dim(x, off, block_q, axis=2)
+                                       for x in init))  # from the shared prefix's part
+            mine = qb * block_q + jnp.arange(block_q) < n  # rows of this request
+            return tuple(lax.dynamic_update_slice_in_dim(
+                x, jnp.where(mine.reshape(-1, *[1] * (t.ndim - 3)), t,
+                             lax.dynamic_slice_in_dim(x, off, block_q, axis=2)), off, axis=2)
+                for x, t in zip(carry, tile, strict=True))
 
-        return lax.fori_loop(0, (n + block_q - 1) // block_q, per_tile, out)
+        tiles = (n + block_q - 1) // block_q
+        if new_kv is not None:  # a request with nothing cached past the prefix: no tile
+            tiles = jnp.where(first_pos > shared[r], tiles, 0)
+        return lax.fori_loop(0, tiles, per_tile, carry)
 
-    out = jnp.zeros((num_tokens + block_q, num_kv_heads, group, v_dim), jnp.float32)
-    out = lax.fori_loop(0, jnp.sum(is_extend), per_request, out)
-    return out[:num_tokens].reshape(num_tokens, num_q_heads, v_dim)
+    carry = lax.fori_loop(0, jnp.sum(is_extend), per_request, init)
+    carry = tuple(jnp.moveaxis(x[:, :, :num_tokens], 2, 0) for x in carry)  # [T, Hkv, G..]
+    if new_kv is not None:
+        carry = new_keys.merge(carry, new_keys.new_key_carry(
+            q4, *new_kv, md.token_req, md.positions, window, dot_dtype))
+    return _finish(carry).reshape(num_tokens, num_q_heads, v_dim)
 
 
 def native_attention(
@@ -366,8 +384,10 @@ def native_attention(
     rows = jnp.clip(md.q_start, 0, num_tokens - 1)  # each request's first (decode: only) token
     dec = decode_attention(q, k_pool, v_pool, md, window,
                            tuple(x[rows] for x in prefix))  # [B, Hq, Dh]
+    new_kv = tuple(from_pool(to_pool(x, k_pool.dtype)) for x in (k_new, v_new))  # as kept
     ext = extend_attention(q, keys, num_kv_heads, v_pool.shape[2], md, window, EXTEND_BLOCK_Q,
-                           EXTEND_BLOCK_K, prefix=prefix)  # [T, Hq, Dh]
+                           EXTEND_BLOCK_K, prefix=prefix, new_kv=new_kv,
+                           dot_dtype=jnp.bfloat16 if k_pool.dtype == BF16_BITS else jnp.float32)
     is_decode_token = (md.q_len == 1)[md.token_req]  # [T]
     out = jnp.where(is_decode_token[:, None, None], dec[md.token_req], ext)
     return out, k_pool, v_pool
