@@ -135,12 +135,14 @@ def pool_keys(k_pool: jax.Array, v_pool: jax.Array) -> KeySource:
 
 
 def shared_prefix_pass(q: jax.Array, keys: KeySource, v_dim: int, md: AttentionMetadata,
-                       prefix_len: jax.Array, q_pos: jax.Array, window: int | None) -> tuple:
+                       prefix_len: jax.Array, q_pos: jax.Array, window: int | None,
+                       dot_dtype: jnp.dtype = jnp.float32) -> tuple:
     """The step's shared prefix (md.shared_len), read once for every query row that has
     it: q [R, Hkv, G, Dk] (scaled), prefix_len [R] (the row's keys 0 .. prefix_len-1 are
     the prefix; 0: none), q_pos [R] (the row's position, for the window) -> the online
     softmax carry (m [R, Hkv, G], denom [R, Hkv, G], acc [R, Hkv, G, Dv]) over those
-    keys: per KV head one GEMM per key block, [R * G, Dk] x [Dk, BK]."""
+    keys: per KV head one GEMM per key block, [R * G, Dk] x [Dk, BK] (operands in
+    dot_dtype, f32 sums)."""
     rows, num_kv_heads, group, head_dim = q.shape
     if md.shared_len is None:  # nothing shared: no pass in the program
         return _init((rows, num_kv_heads, group), v_dim)
@@ -151,12 +153,15 @@ def shared_prefix_pass(q: jax.Array, keys: KeySource, v_dim: int, md: AttentionM
     def body(j: jax.Array, carry: tuple) -> tuple:
         cols = j * block_k + jnp.arange(block_k, dtype=jnp.int32)  # [BK]
         k, v = keys(md.req_to_token[table_row, cols] + md.layer_base)  # [BK, Hkv, D]
-        s = jnp.einsum("hqd,khd->hqk", qh, k).reshape(num_kv_heads, rows, group, -1)
+        s = jnp.einsum("hqd,khd->hqk", qh.astype(dot_dtype), k.astype(dot_dtype),
+                       preferred_element_type=jnp.float32).reshape(num_kv_heads, rows, group, -1)
         valid = cols[None, :] < prefix_len[:, None]  # [R, BK]
         if window is not None:
             valid &= cols[None, :] > q_pos[:, None] - window
         s = jnp.where(valid[None, :, None, :], s, MASK_VALUE)  # [Hkv, R, G, BK]
-        return _softmax_step(carry, s, v, "hrgk,khd->hrgd")
+        return _softmax_update(carry, s, lambda p: jnp.einsum(
+            "hrgk,khd->hrgd", p.astype(dot_dtype), v.astype(dot_dtype),
+            preferred_element_type=jnp.float32))
 
     hi = (jnp.max(prefix_len) + block_k - 1) // block_k
     carry = lax.fori_loop(0, hi, body, _init((num_kv_heads, rows, group), v_dim))
@@ -377,17 +382,19 @@ def native_attention(
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
     keys = pool_keys(k_pool, v_pool)
+    # the products over a step's many query rows take bf16 operands beside a bf16 pool
+    dot_dtype = jnp.bfloat16 if k_pool.dtype == BF16_BITS else jnp.float32
     # one shared-prefix pass for every token, decode or extend (one loop in the program)
     prefix = shared_prefix_pass(
         q.reshape(num_tokens, num_kv_heads, num_q_heads // num_kv_heads, head_dim), keys,
-        head_dim, md, _shared_len(md, md.q_len > 0)[md.token_req], md.positions, window)
+        head_dim, md, _shared_len(md, md.q_len > 0)[md.token_req], md.positions, window,
+        dot_dtype)
     rows = jnp.clip(md.q_start, 0, num_tokens - 1)  # each request's first (decode: only) token
     dec = decode_attention(q, k_pool, v_pool, md, window,
                            tuple(x[rows] for x in prefix))  # [B, Hq, Dh]
     new_kv = tuple(from_pool(to_pool(x, k_pool.dtype)) for x in (k_new, v_new))  # as kept
     ext = extend_attention(q, keys, num_kv_heads, v_pool.shape[2], md, window, EXTEND_BLOCK_Q,
-                           EXTEND_BLOCK_K, prefix=prefix, new_kv=new_kv,
-                           dot_dtype=jnp.bfloat16 if k_pool.dtype == BF16_BITS else jnp.float32)
+                           EXTEND_BLOCK_K, prefix=prefix, new_kv=new_kv, dot_dtype=dot_dtype)
     is_decode_token = (md.q_len == 1)[md.token_req]  # [T]
     out = jnp.where(is_decode_token[:, None, None], dec[md.token_req], ext)
     return out, k_pool, v_pool
