@@ -13,9 +13,11 @@ masked out), which read each request's keys past that prefix:
 
     decode  (q_len == 1): batched over B; a loop over key blocks up to the longest such
             request:   q [B, Hkv, G, Dh] x keys [B, BK, Hkv, Dh] per block
-    extend  (q_len > 1):  one request at a time; its tokens in query blocks of BQ, each
-            a loop over key blocks up to the block's last position (causal: blocks past
-            it are never read) and from its window's start
+    extend  (q_len > 1):  the step's own new keys for all tokens at once, as a triangle
+            of token-block pairs read from the step's K/V (model/new_keys.py); then
+            the cached keys past the shared prefix, one request at a time (requests
+            with none skipped), its tokens in query blocks of BQ, each a loop over key
+            blocks from its window's start up to its first new position
 
     out[t] = decode_out[token_req[t]] if q_len[token_req[t]] == 1 else extend_out[t]
 
