@@ -131,6 +131,12 @@ def from_pool(rows: jax.Array) -> jax.Array:
     return rows.astype(jnp.float32)
 
 
+def einsum_in(dtype: jnp.dtype, spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+    """jnp.einsum with both operands in dtype (bf16 beside a bf16 pool), f32 sums."""
+    return jnp.einsum(spec, a.astype(dtype), b.astype(dtype),
+                      preferred_element_type=jnp.float32)
+
+
 BACKEND_NAMES = ("auto", "native", "pallas")  # auto: pallas on a GPU, native elsewhere
 
 

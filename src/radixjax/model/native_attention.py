@@ -40,6 +40,7 @@ from radixjax.model.attention import (
     SHARED_PREFIX_MIN_BATCH,
     TABLE_ALIGN,
     AttentionMetadata,
+    einsum_in,
     from_pool,
     to_pool,
     write_kv,
@@ -103,9 +104,10 @@ def _softmax_update(carry: tuple, s: jax.Array,
     return m_new, denom, acc
 
 
-def _softmax_step(carry: tuple, s: jax.Array, v: jax.Array, pv: str) -> tuple:
-    """_softmax_update with pv the einsum `pv` of p and v."""
-    return _softmax_update(carry, s, lambda p: jnp.einsum(pv, p, v))
+def _softmax_step(carry: tuple, s: jax.Array, v: jax.Array, pv: str,
+                  dot_dtype: jnp.dtype = jnp.float32) -> tuple:
+    """_softmax_update with pv the einsum `pv` of p and v (operands in dot_dtype)."""
+    return _softmax_update(carry, s, lambda p: einsum_in(dot_dtype, pv, p, v))
 
 
 def gather_rows(pool: jax.Array, slots: jax.Array, flat: bool = False) -> jax.Array:
@@ -155,15 +157,12 @@ def shared_prefix_pass(q: jax.Array, keys: KeySource, v_dim: int, md: AttentionM
     def body(j: jax.Array, carry: tuple) -> tuple:
         cols = j * block_k + jnp.arange(block_k, dtype=jnp.int32)  # [BK]
         k, v = keys(md.req_to_token[table_row, cols] + md.layer_base)  # [BK, Hkv, D]
-        s = jnp.einsum("hqd,khd->hqk", qh.astype(dot_dtype), k.astype(dot_dtype),
-                       preferred_element_type=jnp.float32).reshape(num_kv_heads, rows, group, -1)
+        s = einsum_in(dot_dtype, "hqd,khd->hqk", qh, k).reshape(num_kv_heads, rows, group, -1)
         valid = cols[None, :] < prefix_len[:, None]  # [R, BK]
         if window is not None:
             valid &= cols[None, :] > q_pos[:, None] - window
         s = jnp.where(valid[None, :, None, :], s, MASK_VALUE)  # [Hkv, R, G, BK]
-        return _softmax_update(carry, s, lambda p: jnp.einsum(
-            "hrgk,khd->hrgd", p.astype(dot_dtype), v.astype(dot_dtype),
-            preferred_element_type=jnp.float32))
+        return _softmax_step(carry, s, v, "hrgk,khd->hrgd", dot_dtype)
 
     hi = (jnp.max(prefix_len) + block_k - 1) // block_k
     carry = lax.fori_loop(0, hi, body, _init((num_kv_heads, rows, group), v_dim))

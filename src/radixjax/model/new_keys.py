@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from radixjax.model.attention import MASK_VALUE
+from radixjax.model.attention import MASK_VALUE, einsum_in
 
 # Tokens per block of the packed axis (BT): half the step's tokens, from 128 to 512
 # (P = 3 pairs up to 1024 tokens, 10 at 2048). SmolLM2 w8a8 + bf16 KV, fresh 512-token
@@ -60,11 +60,7 @@ def new_key_carry(q: jax.Array, k: jax.Array, v: jax.Array, same: jax.Array,
     kb = k.reshape(n, bt, num_kv_heads, head_dim).transpose(0, 2, 1, 3)  # [n, Hkv, BT, Dk]
     vb = v.reshape(n, bt, num_kv_heads, v_dim).transpose(0, 2, 1, 3)
     pi, pj = np.tril_indices(n)  # the pairs (query block, key block), by query block
-    def dot(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
-        return jnp.einsum(spec, a.astype(dot_dtype), b.astype(dot_dtype),
-                          preferred_element_type=jnp.float32)
-
-    s = dot("phgqd,phkd->phgqk", qb[pi], kb[pj])  # [P, Hkv, G, BT, BT]
+    s = einsum_in(dot_dtype, "phgqd,phkd->phgqk", qb[pi], kb[pj])  # [P, Hkv, G, BT, BT]
     tq = pi[:, None] * bt + np.arange(bt)  # [P, BT] token index of each query row
     tk = pj[:, None] * bt + np.arange(bt)
     valid = jnp.asarray(tk[:, None, :] <= tq[:, :, None])  # [P, BT, BT] causal
@@ -74,7 +70,7 @@ def new_key_carry(q: jax.Array, k: jax.Array, v: jax.Array, same: jax.Array,
     s = jnp.where(valid[:, None, None], s, MASK_VALUE)
     m = s.max(axis=-1)  # [P, Hkv, G, BT]
     p = jnp.exp(s - m[..., None]).astype(dot_dtype)  # the sums below read it as rounded
-    acc = dot("phgqk,phkd->phgqd", p, vb[pj])  # [P, Hkv, G, BT, Dv]
+    acc = einsum_in(dot_dtype, "phgqk,phkd->phgqd", p, vb[pj])  # [P, Hkv, G, BT, Dv]
     # each query block's pairs: max over them, then the rescaled sums
     onehot = pi[None, :] == np.arange(n)[:, None]  # [n, P]
     m_blk = jnp.max(jnp.where(onehot[:, :, None, None, None], m[None], MASK_VALUE), axis=1)
