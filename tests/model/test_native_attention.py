@@ -173,13 +173,22 @@ def test_extend_with_shared_prefix_matches_numpy(window: int | None, block_k: in
     _check_mixed_step(window, jnp.float32)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_one_request_alone_takes_the_prefix_pass(dtype: jnp.dtype) -> None:
+    """The pass for a group of one (the host's choice where no two requests share): the
+    first extend request reads its 300 cached keys there, the others, with the same
+    cached keys, read them in their own loops."""
+    _check_mixed_step(7, pool_dtype(dtype, "native"), shared_len=[300, 0, 0, 0])
+
+
 def test_bfloat16_pool_is_read_and_written_as_bf16() -> None:
     """The mixed step on a bf16 pool kept as its bits (the native backend's form): the
     new rows land rounded to bf16, every token attends over the bf16 keys and values."""
     _check_mixed_step(7, pool_dtype(jnp.bfloat16, "native"))
 
 
-def _check_mixed_step(window: int | None, dtype: jnp.dtype) -> None:
+def _check_mixed_step(window: int | None, dtype: jnp.dtype,
+                      shared_len: list[int] | None = None) -> None:
     num_kv_heads, group, dh = 2, 2, 8
     k_pool, v_pool, take = _pools(window or 0, 2000, num_kv_heads, dh)
     k_in, v_in = k_pool, v_pool  # the new rows as computed (f32)
@@ -189,7 +198,7 @@ def _check_mixed_step(window: int | None, dtype: jnp.dtype) -> None:
     prefix = take(300)
     rows = [np.concatenate([prefix, take(n)]) for n in (10 + 50, 200, 1)] + [take(70)]
     q_lens = [50, 200, 1, 30]
-    shared_len = [300, 300, 300, 0]
+    shared_len = [300, 300, 300, 0] if shared_len is None else shared_len
     b, t = len(rows), sum(q_lens)
     pad = SHARED_PREFIX_MIN_BATCH - b  # padded requests: empty, after the real tokens
     table = np.zeros((b + 1, TABLE_ALIGN), np.int32)
@@ -242,6 +251,21 @@ def test_shared_prefix_is_the_largest_groups_common_run() -> None:
     # a request whose whole context is the prefix shares all but its own new token
     assert shared_prefix_lens([_slice(p), _slice(p + [1, 2])]).tolist() == [len(p) - 1] * 2
     assert shared_prefix_lens([_slice(p, q_len=len(p)), _slice(p + [1])]).tolist() == [0, 0]
+
+
+def test_without_a_group_one_extend_takes_the_pass_alone() -> None:
+    """Where no two requests share a first cached slot, the extending request with the
+    most new tokens x cached keys takes the pass alone (a later chunk or turn over its own
+    cached part); never a decode request, never a cached part under SHARED_PREFIX_MIN."""
+    n = SHARED_PREFIX_MIN
+    p, other = list(range(100, 110 + n)), list(range(500, 540 + n))
+    assert shared_prefix_lens([_slice(p + [1, 2], q_len=2)]).tolist() == [len(p)]
+    assert shared_prefix_lens([_slice(other + [1]), _slice(p + [1, 2], q_len=2)]).tolist() \
+        == [0, len(p)]
+    five, three = _slice(p + [1] * 5, q_len=5), _slice(other + [2] * 3, q_len=3)
+    assert shared_prefix_lens([three, five]).tolist() == [0, len(p)]  # 5 x 74 > 3 x 104
+    assert shared_prefix_lens([_slice(p + [1]), _slice(other + [2])]).tolist() == [0, 0]
+    assert shared_prefix_lens([_slice(p[:n - 1] + [1, 2], q_len=2)]).tolist() == [0]
 
 
 def test_steps_share_from_the_minimum_batch() -> None:

@@ -137,13 +137,24 @@ def shared_prefix_lens(reqs: list[RequestSlice]) -> np.ndarray:
     """[len(reqs)] int32: each request's share of the step's shared prefix (0: none),
     the run of slots from position 0 that a group of requests holds in common in their
     cached parts (positions before their new tokens; radix-cached prefixes are the same
-    slots). The group: the requests whose first cached slot is the most common one; the
-    prefix counts only if it is at least SHARED_PREFIX_MIN long."""
+    slots). The group: the requests whose first cached slot is the most common one; where
+    no two requests share one, the extending request with the most attention over its
+    cached part (new tokens x cached keys) alone: one request's chunk or later turn reads
+    its cached keys in the pass's large blocks, not in the extend loop's query tiles
+    (SmolLM2 w8a8, 500 new tokens on 1500 cached 1745 -> 974 ms; benchmarks/README.md).
+    The prefix counts only if it is at least SHARED_PREFIX_MIN long."""
     out = np.zeros(len(reqs), np.int32)
     cached = [np.asarray(r.kv_slots[: len(r.kv_slots) - len(r.new_tokens)]) for r in reqs]
     firsts = np.array([c[0] if len(c) else -1 for c in cached])
     values, counts = np.unique(firsts[firsts >= 0], return_counts=True)
-    if not len(counts) or counts.max() < 2:
+    if not len(counts):
+        return out
+    if counts.max() < 2:
+        work = [len(c) * len(r.new_tokens) if len(r.new_tokens) > 1 else 0
+                for r, c in zip(reqs, cached, strict=True)]
+        best = int(np.argmax(work))
+        if work[best] and len(cached[best]) >= SHARED_PREFIX_MIN:
+            out[best] = len(cached[best])
         return out
     (group,) = np.nonzero(firsts == values[counts.argmax()])
     base = cached[group[0]]
