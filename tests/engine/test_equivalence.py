@@ -42,8 +42,8 @@ def shared_steps(monkeypatch) -> list[int]:
     seen: list[int] = []
     real = batch_module.shared_prefix_lens
 
-    def spy(reqs):
-        out = real(reqs)
+    def spy(reqs, num_rows=None):
+        out = real(reqs, num_rows)
         seen.append(int(out.max(initial=0)))
         return out
 

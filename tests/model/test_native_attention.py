@@ -31,6 +31,7 @@ from radixjax.model.native_attention import (
     native_attention,
 )
 from radixjax.runtime.batch import (
+    ALONE_MIN_SHARE,
     SHARED_PREFIX_MIN,
     Buckets,
     RequestSlice,
@@ -256,7 +257,8 @@ def test_shared_prefix_is_the_largest_groups_common_run() -> None:
 def test_without_a_group_one_extend_takes_the_pass_alone() -> None:
     """Where no two requests share a first cached slot, the extending request with the
     most new tokens x cached keys takes the pass alone (a later chunk or turn over its own
-    cached part); never a decode request, never a cached part under SHARED_PREFIX_MIN."""
+    cached part) if it holds 1 / ALONE_MIN_SHARE of the step's rows; never a decode
+    request, never a cached part under SHARED_PREFIX_MIN."""
     n = SHARED_PREFIX_MIN
     p, other = list(range(100, 110 + n)), list(range(500, 540 + n))
     assert shared_prefix_lens([_slice(p + [1, 2], q_len=2)]).tolist() == [len(p)]
@@ -266,6 +268,10 @@ def test_without_a_group_one_extend_takes_the_pass_alone() -> None:
     assert shared_prefix_lens([three, five]).tolist() == [0, len(p)]  # 5 x 74 > 3 x 104
     assert shared_prefix_lens([_slice(p + [1]), _slice(other + [2])]).tolist() == [0, 0]
     assert shared_prefix_lens([_slice(p[:n - 1] + [1, 2], q_len=2)]).tolist() == [0]
+    # the pass computes every row of the step: a small share of them stays in the loop
+    rows = 5 * ALONE_MIN_SHARE
+    assert shared_prefix_lens([three, five], num_rows=rows).tolist() == [0, len(p)]
+    assert shared_prefix_lens([three, five], num_rows=rows + 1).tolist() == [0, 0]
 
 
 def test_steps_share_from_the_minimum_batch() -> None:

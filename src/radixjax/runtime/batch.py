@@ -133,15 +133,23 @@ class HostBatch(NamedTuple):
 SHARED_PREFIX_MIN = 64  # shorter common prefixes are read per request (not worth a pass)
 
 
-def shared_prefix_lens(reqs: list[RequestSlice]) -> np.ndarray:
+# A request alone takes the pass from this share of the step's rows: SmolLM2 w8a8 + bf16
+# KV steps, pass vs loop (min ms): 500 new tokens of 512 rows on 1500 cached 1624 -> 858;
+# 100 of 256 on 1000 (and another such request) 688 -> 640; 38 of 384 on 800 (and seven
+# more) 1062 -> 1165, worse.
+ALONE_MIN_SHARE = 4
+
+
+def shared_prefix_lens(reqs: list[RequestSlice], num_rows: int | None = None) -> np.ndarray:
     """[len(reqs)] int32: each request's share of the step's shared prefix (0: none),
     the run of slots from position 0 that a group of requests holds in common in their
     cached parts (positions before their new tokens; radix-cached prefixes are the same
     slots). The group: the requests whose first cached slot is the most common one; where
     no two requests share one, the extending request with the most attention over its
-    cached part (new tokens x cached keys) alone: one request's chunk or later turn reads
-    its cached keys in the pass's large blocks, not in the extend loop's query tiles
-    (SmolLM2 w8a8, 500 new tokens on 1500 cached 1745 -> 974 ms; benchmarks/README.md).
+    cached part (new tokens x cached keys) alone, if its new tokens are at least
+    1 / ALONE_MIN_SHARE of the step's `num_rows` token rows (the pass computes them all):
+    a long prompt's later chunk, a chat's next turn, read in the pass's large blocks, not
+    the extend loop's query tiles (benchmarks/README.md, nineteenth session).
     The prefix counts only if it is at least SHARED_PREFIX_MIN long."""
     out = np.zeros(len(reqs), np.int32)
     cached = [np.asarray(r.kv_slots[: len(r.kv_slots) - len(r.new_tokens)]) for r in reqs]
@@ -150,10 +158,13 @@ def shared_prefix_lens(reqs: list[RequestSlice]) -> np.ndarray:
     if not len(counts):
         return out
     if counts.max() < 2:
+        rows = sum(len(r.new_tokens) for r in reqs) if num_rows is None else num_rows
         work = [len(c) * len(r.new_tokens) if len(r.new_tokens) > 1 else 0
                 for r, c in zip(reqs, cached, strict=True)]
         best = int(np.argmax(work))
-        if work[best] and len(cached[best]) >= SHARED_PREFIX_MIN:
+        n = len(reqs[best].new_tokens)
+        if work[best] and len(cached[best]) >= SHARED_PREFIX_MIN and \
+                n * ALONE_MIN_SHARE >= rows:
             out[best] = len(cached[best])
         return out
     (group,) = np.nonzero(firsts == values[counts.argmax()])
@@ -221,7 +232,7 @@ def build_batch(reqs: list[RequestSlice], buckets: Buckets) -> HostBatch:
     q_start[len(reqs) :] = start  # padded requests: empty range at the end
     shared_len = np.zeros(b, np.int32)
     if b >= SHARED_PREFIX_MIN_BATCH:  # (smaller programs have no shared-prefix pass)
-        shared_len[: len(reqs)] = shared_prefix_lens(reqs)
+        shared_len[: len(reqs)] = shared_prefix_lens(reqs, shape.num_tokens)
     md = AttentionMetadata(positions, out_slots, token_req, q_start, q_len, kv_len, req_row,
                            None, shared_len=shared_len)
     src = TokenSource(use_last, token_row, req_row, count_input, reset_row, count_sampled)
