@@ -6,8 +6,9 @@ softmax (running max, denominator, accumulator), so a step's cost follows the re
 context and one program serves every context length.
 
 First the step's shared prefix (md.shared_len; the radix cache's common system
-prompt), read once for every token of the requests that hold it:
-            q [T, Hkv, G, Dh] x keys [BK, Hkv, Dh] per block
+prompt, or one extending request's cached part), read once for every token of the
+requests that hold it:
+            q [Hkv, T * G, Dh] x keys [BK, Hkv, Dh] per block
 Its online-softmax state seeds two paths, each over its own requests (the other's are
 masked out), which read each request's keys past that prefix:
 
@@ -17,7 +18,8 @@ masked out), which read each request's keys past that prefix:
             of token-block pairs read from the step's K/V (model/new_keys.py); then
             the cached keys past the shared prefix, one request at a time (requests
             with none skipped), its tokens in query blocks of BQ, each a loop over key
-            blocks from its window's start up to its first new position
+            blocks from its window's start up to its first new position:
+                       q [Hkv, BQ * G, Dh] x keys [BK, Hkv, Dh] per block
 
     out[t] = decode_out[token_req[t]] if q_len[token_req[t]] == 1 else extend_out[t]
 
@@ -67,7 +69,10 @@ DECODE_SOLO_BLOCK_K = 1024
 # shared keys: 512 vs 256 B = 32 175 vs 208 ms/step, B = 8 within noise
 # (benchmarks/README.md, shared-prefix attention)
 SHARED_SMALL_ROWS, SHARED_SMALL_BLOCK_K, SHARED_BLOCK_K = 64, 512, 256
-# Extend tiles of 64 query tokens, key blocks of 128 from the tile's first own key.
+# Extend tiles of 64 query tokens, key blocks of 128 from the tile's first own key
+# (with the tile's queries one [64 * G, Dh] matrix per KV head and bf16 operands beside a
+# bf16 pool, 512-key blocks: 8 requests x 38 new tokens on 800 cached keys each 774 ->
+# 734 ms, 4 x 200 on 600 1774 -> 1893: kept 128).
 # SmolLM2 w8a8 prefill steps (min ms, alternating rounds, against 128 x 256 blocks at
 # multiples of 256): 8 requests x 50 new tokens on an 800-token shared prefix 1737 ->
 # 1363, a fresh 512-token prompt 1109 -> 1050, 512 tokens on 1536 cached 2199 -> 2227
@@ -304,10 +309,11 @@ def extend_attention(q: jax.Array, keys: KeySource, num_kv_heads: int, v_dim: in
     if prefix is None:
         prefix = shared_prefix_pass(q4, keys, v_dim, md, shared[md.token_req], md.positions,
                                     window)
-    # [Hkv, G, T + BQ(, Dv)]: the extend tiles' layout; a tile never runs off the end
-    init = tuple(jnp.pad(jnp.moveaxis(x, 0, 2), [(0, 0)] * 2 + [(0, block_q)]
-                         + [(0, 0)] * (x.ndim - 3)) for x in prefix)
-    qp = jnp.pad(q4, ((0, block_q), (0, 0), (0, 0), (0, 0)))
+    # [Hkv, T + BQ, G(, Dv)]: the extend tiles' layout; a tile never runs off the end
+    init = tuple(jnp.pad(jnp.moveaxis(x, 0, 1), [(0, 0), (0, block_q)]
+                         + [(0, 0)] * (x.ndim - 2)) for x in prefix)
+    # [Hkv, T + BQ, G, Dk]: a tile's queries are one [BQ * G, Dk] matrix per KV head
+    qp = jnp.pad(q4, ((0, block_q), (0, 0), (0, 0), (0, 0))).transpose(1, 0, 2, 3)
     (ids,) = jnp.nonzero(is_extend, size=b, fill_value=0)  # extend requests, in order
     table_width = md.req_to_token.shape[1]
 
@@ -319,7 +325,8 @@ def extend_attention(q: jax.Array, keys: KeySource, num_kv_heads: int, v_dim: in
 
         def per_tile(qb: jax.Array, carry: tuple) -> tuple:
             off = start + qb * block_q
-            qt = lax.dynamic_slice_in_dim(qp, off, block_q)  # [BQ, Hkv, G, Dh]
+            qt = lax.dynamic_slice_in_dim(qp, off, block_q, axis=1).reshape(
+                num_kv_heads, block_q * group, head_dim)  # [Hkv, BQ * G, Dk]
             q_pos = first_pos + qb * block_q + jnp.arange(block_q, dtype=jnp.int32)
             end = jnp.minimum(q_pos[-1] + 1, own_end)  # keys the tile reads: < end
             # its first own key (past the shared prefix and the window's start): the
@@ -336,21 +343,22 @@ def extend_attention(q: jax.Array, keys: KeySource, num_kv_heads: int, v_dim: in
                 slots = lax.dynamic_slice(md.req_to_token, (row, at),
                                           (1, block_k))[0] + md.layer_base
                 k, v = keys(slots)  # [BK, Hkv, Dk], [BK, Hkv, Dv]
-                s = jnp.einsum("qhgd,khd->hgqk", qt, k)  # [Hkv, G, BQ, BK]
+                s = einsum_in(dot_dtype, "hqd,khd->hqk", qt, k).reshape(
+                    num_kv_heads, block_q, group, block_k)  # [Hkv, BQ, G, BK]
                 valid = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] < end)
                 valid &= k_pos[None, :] >= col  # (a block moved back: keys read before)
                 if window is not None:
                     valid &= k_pos[None, :] > q_pos[:, None] - window
-                s = jnp.where(valid, s, MASK_VALUE)
-                return _softmax_step(carry, s, v, "hgqk,khd->hgqd")
+                s = jnp.where(valid[None, :, None, :], s, MASK_VALUE)
+                return _softmax_step(carry, s, v, "hqgk,khd->hqgd", dot_dtype)
 
             tile = lax.fori_loop(0, (end - first + block_k - 1) // block_k, body,
-                                 tuple(lax.dynamic_slice_in_dim(x, off, block_q, axis=2)
+                                 tuple(lax.dynamic_slice_in_dim(x, off, block_q, axis=1)
                                        for x in init))  # from the shared prefix's part
             mine = qb * block_q + jnp.arange(block_q) < n  # rows of this request
             return tuple(lax.dynamic_update_slice_in_dim(
-                x, jnp.where(mine.reshape(-1, *[1] * (t.ndim - 3)), t,
-                             lax.dynamic_slice_in_dim(x, off, block_q, axis=2)), off, axis=2)
+                x, jnp.where(mine.reshape(-1, *[1] * (t.ndim - 2)), t,
+                             lax.dynamic_slice_in_dim(x, off, block_q, axis=1)), off, axis=1)
                 for x, t in zip(carry, tile, strict=True))
 
         tiles = (n + block_q - 1) // block_q
@@ -359,7 +367,7 @@ def extend_attention(q: jax.Array, keys: KeySource, num_kv_heads: int, v_dim: in
         return lax.fori_loop(0, tiles, per_tile, carry)
 
     carry = lax.fori_loop(0, jnp.sum(is_extend), per_request, init)
-    carry = tuple(jnp.moveaxis(x[:, :, :num_tokens], 2, 0) for x in carry)  # [T, Hkv, G..]
+    carry = tuple(jnp.moveaxis(x[:, :num_tokens], 1, 0) for x in carry)  # [T, Hkv, G..]
     if new_kv is not None:
         carry = new_keys.merge(carry, new_keys.new_key_carry(
             q4, *new_kv, md.token_req, md.positions, window, dot_dtype))
