@@ -133,11 +133,12 @@ class HostBatch(NamedTuple):
 SHARED_PREFIX_MIN = 64  # shorter common prefixes are read per request (not worth a pass)
 
 
-# A request alone takes the pass from this share of the step's rows: SmolLM2 w8a8 + bf16
-# KV steps, pass vs loop (min ms): 500 new tokens of 512 rows on 1500 cached 1624 -> 858;
-# 100 of 256 on 1000 (and another such request) 688 -> 640; 38 of 384 on 800 (and seven
-# more) 1062 -> 1165, worse.
-ALONE_MIN_SHARE = 4
+# A request alone takes the pass from this share of the step's rows (1 / this): SmolLM2
+# w8a8 + bf16 KV steps, loop vs pass (min ms): 300 new tokens of 384 rows on 1000 cached
+# (and another request) 700 -> 599; 60 of 64 on 800 129 -> 123; 200 of 512 on 1000 (and
+# two more) 786 -> 783; 100 of 256 on 1000 (and another) 490 -> 512, worse; 38 of 384 on
+# 800 (and seven more) 768 -> 780.
+ALONE_MIN_SHARE = 2
 
 
 def shared_prefix_lens(reqs: list[RequestSlice], num_rows: int | None = None) -> np.ndarray:
