@@ -85,11 +85,24 @@ def test_decode_blocks_start_at_the_first_own_key(monkeypatch: pytest.MonkeyPatc
     _check_decode(2, 7, [1000, 1013, 1020])
 
 
-def _check_decode(num_kv_heads: int, window: int | None, kv_lens: list[int]) -> None:
+@pytest.mark.parametrize("form", FORMS)
+def test_decode_on_a_bf16_pool_matches_numpy(form: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bf16 pool (kept as its bits): the GEMM forms multiply its rows as bf16 operands
+    (f32 sums), the multiply-and-sum in f32; all within bf16's ~3 digits of the
+    reference over the same bf16 keys and values."""
+    _check_decode(_force_form(form, monkeypatch), 7, [3, 300, 900],
+                  pool_dtype(jnp.bfloat16, "native"))
+
+
+def _check_decode(num_kv_heads: int, window: int | None, kv_lens: list[int],
+                  dtype: jnp.dtype = jnp.float32) -> None:
     rng = np.random.default_rng(num_kv_heads)
     group, dh, num_slots = 2, 8, 3100
     k_pool = rng.standard_normal((num_slots, num_kv_heads, dh)).astype(np.float32)
     v_pool = rng.standard_normal((num_slots, num_kv_heads, dh)).astype(np.float32)
+    if dtype != jnp.float32:  # the values the pool keeps
+        k_pool, v_pool = (x.astype(jnp.bfloat16).astype(np.float32) for x in (k_pool, v_pool))
     table = np.zeros((len(kv_lens) + 1, TABLE_ALIGN * 2), np.int32)
     perm = rng.permutation(np.arange(1, num_slots))
     rows, at = [], 0
@@ -106,12 +119,13 @@ def _check_decode(num_kv_heads: int, window: int | None, kv_lens: list[int]) -> 
         positions=i32([n - 1 for n in kv_lens]), out_slots=i32([r[-1] for r in rows]),
         token_req=i32(range(b)), q_start=i32(range(b)), q_len=i32([1] * b),
         kv_len=i32(kv_lens), req_row=i32(range(b)), req_to_token=jnp.asarray(table))
+    pools = [to_pool(jnp.asarray(x), dtype) for x in (k_pool, v_pool)]
     out, _, _ = native_attention(jnp.asarray(q), jnp.asarray(new_k), jnp.asarray(new_v),
-                                 jnp.asarray(k_pool), jnp.asarray(v_pool), md, window,
-                                 dh**-0.5)
+                                 *pools, md, window, dh**-0.5)
+    tol = 2e-5 if dtype == jnp.float32 else 1e-2
     for i, r in enumerate(rows):
         ref = numpy_decode(q[i], k_pool, v_pool, r, window)
-        np.testing.assert_allclose(np.asarray(out[i]), ref, rtol=2e-5, atol=2e-5)
+        np.testing.assert_allclose(np.asarray(out[i]), ref, rtol=tol, atol=tol)
 
 
 def _pools(seed: int, num_slots: int, num_kv_heads: int, dh: int):

@@ -115,13 +115,19 @@ def _softmax_step(carry: tuple, s: jax.Array, v: jax.Array, pv: str,
     return _softmax_update(carry, s, lambda p: einsum_in(dot_dtype, pv, p, v))
 
 
-def gather_rows(pool: jax.Array, slots: jax.Array, flat: bool = False) -> jax.Array:
+def gather_rows(pool: jax.Array, slots: jax.Array, flat: bool = False,
+                keep_bf16: bool = False) -> jax.Array:
     """pool [N, Hkv, Dh] (f32 or bf16 bits), slots [...] -> [..., Hkv, Dh] f32
-    ([..., Hkv * Dh] if flat).
+    ([..., Hkv * Dh] if flat); keep_bf16: a bf16 pool's rows as bf16 (its bits as they
+    are, for a product with bf16 operands).
     Gathered as whole rows of a [N, Hkv * Dh] view: XLA's CPU gather alone ran ~4x faster
     that way than over [N, Hkv, Dh] (8 vs 2 GB/s, 4k scattered slots)."""
     n, num_kv_heads, head_dim = pool.shape
-    rows = from_pool(pool.reshape(n, num_kv_heads * head_dim)[slots])
+    rows = pool.reshape(n, num_kv_heads * head_dim)[slots]
+    if keep_bf16 and pool.dtype == BF16_BITS:
+        rows = lax.bitcast_convert_type(rows, jnp.bfloat16)
+    else:
+        rows = from_pool(rows)
     return rows if flat else rows.reshape(*slots.shape, num_kv_heads, head_dim)
 
 
@@ -219,7 +225,9 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
     multiply-and-sum over each key block, which XLA fuses with the gathers into loops
     (no GEMM). Fewer requests and few KV heads: the keys are not split per head; every
     query head scores the whole gathered row [Hkv * Dh] against a block-diagonal query
-    (zero outside its own KV head), so each block is two plain batched GEMMs,
+    (zero outside its own KV head), so each block is two plain batched GEMMs (beside a
+    bf16 pool with the rows as bf16 operands: B = 8 over 800 shared + 1500 own keys 96
+    -> 79 ms a SmolLM2 w8a8 step),
     [Hq, Hkv*Dh] x [Hkv*Dh, BK] and back; the Hkv-fold wasted products cost less than
     XLA's CPU dot over tiny per-head batches (SmolLM2, Hkv = 3: 2.5x faster per layer at
     4k keys, benchmarks/README.md). Otherwise batched GEMMs per KV head."""
@@ -262,20 +270,21 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
         if window is not None:
             valid &= cols[None, :] >= kv_len[:, None] - window
         if block_diagonal:
-            k, v = gather_rows(k_pool, slots, flat=True), gather_rows(v_pool, slots, flat=True)
-            s = jnp.einsum("bqc,bkc->bqk", qbd, k)  # [B, Hq, BK]
+            k, v = (gather_rows(x, slots, flat=True, keep_bf16=True) for x in (k_pool, v_pool))
+            s = einsum_in(k.dtype, "bqc,bkc->bqk", qbd, k)  # [B, Hq, BK]
             s = jnp.where(valid[:, None, :], s, MASK_VALUE)
-            return _softmax_step(carry, s, v, "bqk,bkc->bqc")  # acc [B, Hq, Hkv * Dh]
-        k, v = gather_rows(k_pool, slots), gather_rows(v_pool, slots)  # [B, BK, Hkv, Dh]
+            return _softmax_step(carry, s, v, "bqk,bkc->bqc", k.dtype)  # [B, Hq, Hkv * Dh]
+        gemm = form != "multiply_sum"  # (the multiply-and-sum runs in f32)
+        k, v = (gather_rows(x, slots, keep_bf16=gemm) for x in (k_pool, v_pool))
         if form == "multiply_sum":
             s = jnp.sum(qd[:, None] * k[:, :, :, None, :], axis=-1)  # [B, BK, Hkv, G]
             s = jnp.where(valid[:, :, None, None], s, MASK_VALUE).transpose(0, 2, 3, 1)
             # p [B, Hkv, G, BK] -> [B, Hkv, G, Dh]
             return _softmax_update(carry, s, lambda p: jnp.sum(
                 p.transpose(0, 3, 1, 2)[..., None] * v[:, :, :, None, :], axis=1))
-        s = jnp.einsum("bhgd,bkhd->bhgk", qd, k)  # [B, Hkv, G, BK]
+        s = einsum_in(k.dtype, "bhgd,bkhd->bhgk", qd, k)  # [B, Hkv, G, BK]
         s = jnp.where(valid[:, None, None, :], s, MASK_VALUE)
-        return _softmax_step(carry, s, v, "bhgk,bkhd->bhgd")
+        return _softmax_step(carry, s, v, "bhgk,bkhd->bhgd", k.dtype)
 
     steps = (jnp.max(kv_len) - start + block_k - 1) // block_k
     out = _finish(lax.fori_loop(0, steps, body, (m, denom, acc)))
