@@ -71,10 +71,11 @@ def main() -> None:
     waves = [int(b) for b in args.waves.split(",") if b]
     m = load_model(None, load_tokenizer=False)
     most = max(batches + waves)
+    alone = max(c + n for c, n in ALONE)  # the longest request alone
     runner = ModelRunner(m.cfg, m.params, RunnerConfig(
-        num_slots=max(PREFIX + most * (OWN + 1), *(c + n for c, n in ALONE)) + 1,
+        num_slots=max(PREFIX + most * (OWN + 1), alone) + 1,
         max_batch_tokens=max(64, most * NEW, *(n for _, n in ALONE)),
-        max_running=most, max_context=max(PREFIX + OWN + 64, *(c + n for c, n in ALONE)),
+        max_running=most, max_context=max(PREFIX + OWN + 64, alone),
         quantization="w8a8_int8" if args.quant else "none", kv_dtype=args.kv_dtype))
     prefix = 1 + np.arange(PREFIX, dtype=np.int32)
 

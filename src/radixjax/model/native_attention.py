@@ -274,9 +274,9 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
             s = einsum_in(k.dtype, "bqc,bkc->bqk", qbd, k)  # [B, Hq, BK]
             s = jnp.where(valid[:, None, :], s, MASK_VALUE)
             return _softmax_step(carry, s, v, "bqk,bkc->bqc", k.dtype)  # [B, Hq, Hkv * Dh]
-        gemm = form != "multiply_sum"  # (the multiply-and-sum runs in f32)
-        k, v = (gather_rows(x, slots, keep_bf16=gemm) for x in (k_pool, v_pool))
-        if form == "multiply_sum":
+        multiply_sum = form == "multiply_sum"  # (in f32; the GEMM forms take bf16 rows)
+        k, v = (gather_rows(x, slots, keep_bf16=not multiply_sum) for x in (k_pool, v_pool))
+        if multiply_sum:
             s = jnp.sum(qd[:, None] * k[:, :, :, None, :], axis=-1)  # [B, BK, Hkv, G]
             s = jnp.where(valid[:, :, None, None], s, MASK_VALUE).transpose(0, 2, 3, 1)
             # p [B, Hkv, G, BK] -> [B, Hkv, G, Dh]

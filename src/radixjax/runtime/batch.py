@@ -160,12 +160,8 @@ def shared_prefix_lens(reqs: list[RequestSlice], num_rows: int | None = None) ->
         return out
     if counts.max() < 2:
         rows = sum(len(r.new_tokens) for r in reqs) if num_rows is None else num_rows
-        work = [len(c) * len(r.new_tokens) if len(r.new_tokens) > 1 else 0
-                for r, c in zip(reqs, cached, strict=True)]
-        best = int(np.argmax(work))
-        n = len(reqs[best].new_tokens)
-        if work[best] and len(cached[best]) >= SHARED_PREFIX_MIN and \
-                n * ALONE_MIN_SHARE >= rows:
+        best = _alone(reqs, cached, rows)
+        if best is not None:
             out[best] = len(cached[best])
         return out
     (group,) = np.nonzero(firsts == values[counts.argmax()])
@@ -178,6 +174,19 @@ def shared_prefix_lens(reqs: list[RequestSlice], num_rows: int | None = None) ->
     if length >= SHARED_PREFIX_MIN:
         out[group] = length
     return out
+
+
+def _alone(reqs: list[RequestSlice], cached: list[np.ndarray], rows: int) -> int | None:
+    """The request that takes the pass alone (none shares a first cached slot): the
+    extending one with the most new tokens x cached keys, if its cached part is at least
+    SHARED_PREFIX_MIN and its new tokens 1 / ALONE_MIN_SHARE of the step's rows; or None."""
+    work = [len(c) * len(r.new_tokens) if len(r.new_tokens) > 1 else 0
+            for r, c in zip(reqs, cached, strict=True)]
+    best = int(np.argmax(work))
+    if (work[best] and len(cached[best]) >= SHARED_PREFIX_MIN
+            and len(reqs[best].new_tokens) * ALONE_MIN_SHARE >= rows):
+        return best
+    return None
 
 
 def build_batch(reqs: list[RequestSlice], buckets: Buckets) -> HostBatch:
