@@ -17,9 +17,11 @@ from radixjax.model import cpu
 from radixjax.model.dense_weights import LINEAR_WEIGHTS
 from radixjax.model.llama import lm_head
 from radixjax.model.quant import (
+    BF16_GEMM_ROWS_MIN,
     HEAD_ROWS_MAX,
     ONE_ROW_GEMM_ROWS,
     Int8Weight,
+    bf16_gemm,
     head_rows_max,
     int8_head,
     int8_linear,
@@ -97,6 +99,27 @@ def test_one_token_takes_the_gemm_on_amx_cpus_only() -> None:
     assert cpu.has_amx() == amx
     assert _int8_dot_shapes(lambda x: int8_linear(x, qw), x) == (gemm if amx else [])
     assert _int8_dot_shapes(lambda x: int8_head(x, qw), x) == (gemm if amx else [])
+
+
+def test_many_rows_multiply_the_int8_values_as_bf16_on_avx512_bf16_cpus(monkeypatch) -> None:
+    """as_bf16: the int8 values through a bf16 GEMM with f32 sums - the same integer sums
+    as the int8 GEMM, so equal outputs (I = 1536, SmolLM2's down projection). By default
+    that form from BF16_GEMM_ROWS_MIN rows on a CPU with AVX-512 BF16 and no AMX only."""
+    rng = np.random.default_rng(5)
+    qw = quantize_int8(jnp.asarray(rng.standard_normal((1536, 40)), jnp.float32))
+    x = jnp.asarray(rng.standard_normal((BF16_GEMM_ROWS_MIN + 3, 1536)), jnp.float32)
+    as_s8, as_bf16 = (jax.jit(lambda x, b=b: int8_linear(x, qw, as_bf16=b)) for b in (False, True))
+    np.testing.assert_array_equal(np.asarray(as_bf16(x)), np.asarray(as_s8(x)))
+    assert _int8_dot_shapes(as_bf16, x) == [] and _int8_dot_shapes(as_s8, x) != []
+    assert "xbf16>" in as_bf16.lower(x).as_text()
+    for amx in (False, True):
+        for bf16 in (False, True):
+            monkeypatch.setattr(cpu, "has_amx", lambda amx=amx: amx)
+            monkeypatch.setattr(cpu, "has_avx512_bf16", lambda bf16=bf16: bf16)
+            assert bf16_gemm(BF16_GEMM_ROWS_MIN) == (bf16 and not amx)
+            assert not bf16_gemm(BF16_GEMM_ROWS_MIN - 1)
+            text = jax.jit(lambda x: int8_linear(x, qw)).lower(x).as_text()
+            assert ("xbf16>" in text) == (bf16 and not amx)
 
 
 @pytest.mark.parametrize("family", ["deepseek_v3", "llama3"])

@@ -43,7 +43,19 @@ ONE_ROW_GEMM_ROWS rows instead (the same integer sums): SmolLM2 w8a8 B = 1 30 ->
 there (benchmarks/README.md, fifteenth session). The weight goes in as the left operand
 of that GEMM ([O, I] x [4, I] -> [O, 4]): B = 1 22.3-22.6 -> 20.5-21.4 ms at context 512,
 23.2-23.8 -> 22.0 at 900 (seventeenth session); from two rows the activations stay the
-left operand (a 30-layer chain at M = 2..64: within the noise either way)."""
+left operand (a 30-layer chain at M = 2..64: within the noise either way).
+
+On a CPU with AVX-512 BF16 and no AMX (an AMD EPYC of the eighteenth to twentieth
+sessions) XLA's int8 GEMM (YNNPACK, s8 x s8) ran 150-280 GOPS at 512 rows, its bf16 GEMM
+with f32 sums 280-390 GFLOP/s on the same integer values: from BF16_GEMM_ROWS_MIN rows
+(`bf16_gemm`) the product takes that form. The int8 values are exact in bf16, their
+products exact in f32, and so are the sums below 2^24: always where I x 127^2 < 2^24
+(I <= 1040), and for SmolLM2's down projection (I = 1536) unless a sum passes 16.7 M, then
+rounded by 6e-8 of it. SmolLM2 w8a8 + bf16 KV prefill, min ms of 4 alternating rounds:
+512 tokens 597 -> 518, 2048 3263 -> 3012, 256 296 -> 260, 128 164 -> 158; but 64 106 ->
+115 and decode B = 8 / 16 38 -> 67 / 102 -> 120, so fewer rows keep the int8 GEMM
+(benchmarks/README.md, twentieth session; oneDNN's int8 GEMM, torch._int_mm, ran ~830
+GOPS on that CPU: the hardware allows more than XLA's forms reach)."""
 
 from __future__ import annotations
 
@@ -74,12 +86,22 @@ def quantize_int8(w: jax.Array) -> Int8Weight:
 
 
 ONE_ROW_GEMM_ROWS = 4  # AMX CPUs: one token's product through the GEMM, padded this far
+BF16_GEMM_ROWS_MIN = 128  # AVX-512 BF16 CPUs without AMX: from here the bf16 GEMM
 
 
-def int8_linear(x: jax.Array, w: Int8Weight, one_row_gemm: bool | None = None) -> jax.Array:
+def bf16_gemm(t: int) -> bool:
+    """Whether T rows' product runs through the bf16 GEMM by default: on the CPU backend
+    of a CPU with AVX-512 BF16 and no AMX (model/cpu.py), from BF16_GEMM_ROWS_MIN rows."""
+    return (t >= BF16_GEMM_ROWS_MIN and jax.default_backend() == "cpu"
+            and cpu.has_avx512_bf16() and not cpu.has_amx())
+
+
+def int8_linear(x: jax.Array, w: Int8Weight, one_row_gemm: bool | None = None,
+                as_bf16: bool | None = None) -> jax.Array:
     """x [T, I] f32 -> [T, O] f32, through int8 activations (one scale per token).
     one_row_gemm: T = 1 through the int8 GEMM (padded to ONE_ROW_GEMM_ROWS rows) instead
-    of a vector product; None: where the CPU has AMX (model/cpu.py)."""
+    of a vector product; None: where the CPU has AMX (model/cpu.py). as_bf16: from two
+    rows, the int8 values multiplied as bf16 with f32 sums; None: bf16_gemm(T)."""
     if one_row_gemm is None:
         one_row_gemm = cpu.has_amx()
     a = jnp.maximum(jnp.max(jnp.abs(x), axis=-1, keepdims=True), 1e-30) / 127  # [T, 1]
@@ -93,6 +115,10 @@ def int8_linear(x: jax.Array, w: Int8Weight, one_row_gemm: bool | None = None) -
         if t == 1:  # the weight as the left operand: [O, I] x [rows, I] -> [O, rows]
             y = jax.lax.dot_general(w.q, xq, (((1,), (1,)), ((), ())),
                                     preferred_element_type=jnp.int32)[:, :1].T
+        elif bf16_gemm(t) if as_bf16 is None else as_bf16:  # integers exact in bf16
+            y = jax.lax.dot_general(xq.astype(jnp.bfloat16), w.q.astype(jnp.bfloat16),
+                                    (((1,), (1,)), ((), ())),
+                                    preferred_element_type=jnp.float32)
         else:
             y = jax.lax.dot_general(xq, w.q, (((1,), (1,)), ((), ())),
                                     preferred_element_type=jnp.int32)
