@@ -51,7 +51,11 @@ with f32 sums 280-390 GFLOP/s on the same integer values: from BF16_GEMM_ROWS_MI
 (`bf16_gemm`) the product takes that form. The int8 values are exact in bf16, their
 products exact in f32, and so are the sums below 2^24: always where I x 127^2 < 2^24
 (I <= 1040), and for SmolLM2's down projection (I = 1536) unless a sum passes 16.7 M, then
-rounded by 6e-8 of it. SmolLM2 w8a8 + bf16 KV prefill, min ms of 4 alternating rounds:
+rounded by 6e-8 of it. Whole steps are not bit-identical to the int8 GEMM's: XLA fuses the
+rest of the program differently, and the activations' rounding to int8 amplifies f32
+rounding differences, as between any two W8A8 programs (a 300-token prompt's top
+logprob, int8 GEMM: -4.69 in the 512-token program, -4.25 in the 384; bf16 form -4.95 at
+512; f32 weights -4.603 / -4.606). SmolLM2 w8a8 + bf16 KV prefill, min ms of 4 alternating rounds:
 512 tokens 597 -> 518, 2048 3263 -> 3012, 256 296 -> 260, 128 164 -> 158; but 64 106 ->
 115 and decode B = 8 / 16 38 -> 67 / 102 -> 120, so fewer rows keep the int8 GEMM
 (benchmarks/README.md, twentieth session; oneDNN's int8 GEMM, torch._int_mm, ran ~830
