@@ -7,14 +7,19 @@ one comparison table (ratios ours / peer).
 For every server: start it on loopback, then for every workload and concurrency run
 benchmarks/serving.py's benchmark (a warm-up pass first, then the timed run), then stop
 it. Each (workload, concurrency) cell gets its own seed, the same for every server, so
-no run hits the cache of an earlier one. Writes <out>/results.json, <out>/table.md,
-<out>/<server>-<workload>-c<N>.png and the server logs."""
+no run hits the cache of an earlier one. `--rounds N` repeats the whole pass N times, the
+servers' order reversed every other round (A B, B A, ...), and the table gives each
+metric's median over the rounds and every round's ratios: on a VM whose speed drifts
+within minutes one pass per server measures the drift as much as the servers. Writes
+<out>/results.json, <out>/table.md, <out>/<server>-<workload>-c<N>.png and the server
+logs."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -48,6 +53,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-duration", type=float, default=120.0,
                    help="per timed run: stop starting requests after this many seconds")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="passes over the servers, alternating their order; medians reported")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/compare"))
     p.add_argument("--serving-args", default="", help="extra benchmarks/serving.py flags, "
                    "e.g. '--mt-num-conversations 8' (one string)")
@@ -83,9 +90,10 @@ def run_server(name: str, args: argparse.Namespace, tok: Any) -> dict[str, Any]:
     return cells
 
 
-def value(metrics: dict[str, Any], key: str, sub: str | None) -> float:
-    v = metrics[key]
-    return v[sub] if sub else v
+def value(rounds: list[dict[str, Any]], key: str, sub: str | None) -> float | None:
+    """The metric's median over the rounds (None: not reported)."""
+    vals = [m[key][sub] if sub else m[key] for m in rounds]
+    return None if None in vals else float(statistics.median(vals))
 
 
 def table(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
@@ -101,7 +109,8 @@ def table(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
             for label, key, sub, _ in rows:
                 vals = {n: value(results[n][cell], key, sub) for n in names}
                 if key == "cache_hit_rate":  # ours: /metrics; peers: their usage, if given
-                    vals = {n: v if v is not None else results[n][cell]["reported_hit_rate"]
+                    vals = {n: v if v is not None else
+                            value(results[n][cell], "reported_hit_rate", None)
                             for n, v in vals.items()}
                     fmt = {n: "-" if v is None else f"{v:.2f}" for n, v in vals.items()}
                     ratios = ["" for _ in pairs]
@@ -110,21 +119,32 @@ def table(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
                     ratios = [f"{vals[o] / vals[p]:.2f}" if vals[p] else "" for o, p in pairs]
                 lines.append("| " + " | ".join([workload, str(c), label,
                                                 *(fmt[n] for n in names), *ratios]) + " |")
+            if args.rounds > 1:  # each round's output tok/s and ratios
+                per = {n: [m["output_throughput"] for m in results[n][cell]] for n in names}
+                lines.append("| " + " | ".join([
+                    workload, str(c), "output tok/s by round", *(" / ".join(
+                        f"{v:.1f}" for v in per[n]) for n in names), *(" / ".join(
+                        f"{a / b:.2f}" for a, b in zip(per[o], per[p])) for o, p in pairs)])
+                    + " |")
     return "\n".join(lines)
 
 
 def main() -> None:
     args = parse_args()
     tok = serving.load_tokenizer(None)
-    results = {name: run_server(name, args, tok) for name in args.servers}
+    results: dict[str, dict[str, Any]] = {name: {} for name in args.servers}
+    for r in range(args.rounds):  # A B, B A, ...: the VM's drift spread over both
+        for name in (args.servers if r % 2 == 0 else args.servers[::-1]):
+            for cell, metrics in run_server(name, args, tok).items():
+                results[name].setdefault(cell, []).append(metrics)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(
         {"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=2,
         default=float) + "\n")
     md = table(results, args)
     (args.out / "table.md").write_text(md + "\n")
-    print("\nstartup (s): " + ", ".join(f"{n} {r['startup_s']:.0f}" for n, r in
-                                        results.items()))
+    print("\nstartup (s): " + ", ".join(
+        f"{n} {statistics.median(r['startup_s']):.0f}" for n, r in results.items()))
     print(md)
 
 
