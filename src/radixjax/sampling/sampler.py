@@ -86,8 +86,7 @@ def _sample_row(
     scaled = jax.lax.cond(
         truncate, lambda x: jnp.where(_kept(x, top_k, top_p, min_p), x, -jnp.inf),
         lambda x: x, scaled)
-    sampled = _draw(key, scaled)
-    return jnp.where(temperature > 0.0, sampled, jnp.argmax(logits)).astype(jnp.int32)
+    return _draw(key, scaled)  # (a temperature 0 row's token: sample()'s argmax instead)
 
 
 def sample(
@@ -104,8 +103,13 @@ def sample(
         )
         # OpenAI's defaults (temperature 1, top_p 1) need no sort of the vocabulary
         truncate = jnp.any(sp.top_k > 0) | jnp.any(sp.top_p < 1.0) | jnp.any(sp.min_p > 0.0)
-        return jax.vmap(_sample_row, in_axes=(0, 0, 0, 0, 0, 0, None))(
+        sampled = jax.vmap(_sample_row, in_axes=(0, 0, 0, 0, 0, 0, None))(
             logits, sp.temperature, sp.top_k, sp.top_p, sp.min_p, keys, truncate)
+        # the argmax only where some row is greedy (XLA's CPU argmax: ~0.9 ms at B = 8,
+        # 2 % of a SmolLM2 w8a8 decode step at OpenAI's default temperature 1)
+        argmax = jax.lax.cond(jnp.any(sp.temperature <= 0.0), greedy,
+                              lambda lg: jnp.zeros(lg.shape[0], jnp.int32), logits)
+        return jnp.where(sp.temperature > 0.0, sampled, argmax)
 
     def greedy(logits: jax.Array) -> jax.Array:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
