@@ -2,10 +2,11 @@
 1/8/16/32/64 (context 512) and prefill tokens/s at 512 and 2048 tokens, float32 vs bfloat16
 weights (or, with --quant, float32 vs int8 layer weights and activations,
 `--quantization w8a8_int8`; with --kv, w8a8 with a float32 vs a bfloat16 KV pool,
-`--kv-cache-dtype bfloat16`), the compile time of each step program, and the
+`--kv-cache-dtype bfloat16`; with --onednn, w8a8 + bf16 KV with XLA's int8 products vs
+oneDNN's, model/onednn.py), the compile time of each step program, and the
 memory-bandwidth floor (weight bytes / measured read bandwidth).
 
-    .venv/bin/python benchmarks/model_step.py [--steps 20] [--quant | --kv]
+    .venv/bin/python benchmarks/model_step.py [--steps 20] [--quant | --kv | --onednn]
 """
 
 from __future__ import annotations
@@ -62,14 +63,15 @@ PREFILLS = (512, 2048)
 ROUNDS = 4  # the two configurations' timings alternate in this many rounds
 
 
-def setup(dtype: str, quantization: str = "none",
-          kv_dtype: str | None = None) -> tuple[ModelRunner, dict[str, tuple], dict]:
+def setup(dtype: str, quantization: str = "none", kv_dtype: str | None = None,
+          onednn: bool | None = None) -> tuple[ModelRunner, dict[str, tuple], dict]:
     """A runner and its compiled cases: measure name -> (batch, sampling arrays)."""
     m = load_model(None, dtype=dtype, load_tokenizer=False)
     rng = np.random.default_rng(0)
     runner = ModelRunner(m.cfg, m.params, RunnerConfig(
         num_slots=64 * CONTEXT + 1, max_batch_tokens=2048, max_running=64,
-        max_context=2048, kv_dtype=kv_dtype or dtype, quantization=quantization))
+        max_context=2048, kv_dtype=kv_dtype or dtype, quantization=quantization,
+        onednn=onednn))
     f32_bytes = num_param_bytes(m.params) * 4 // jnp.dtype(dtype).itemsize
     out: dict[str, float] = {"weight_bytes": num_param_bytes(runner.params),
                              "f32_bytes": f32_bytes}
@@ -127,12 +129,17 @@ def main() -> None:
                     help="float32 vs w8a8_int8 (instead of f32 vs bf16)")
     ap.add_argument("--kv", action="store_true",
                     help="w8a8_int8 with a float32 vs a bfloat16 KV pool")
+    ap.add_argument("--onednn", action="store_true",
+                    help="w8a8_int8 + bf16 KV, XLA's int8 products vs oneDNN's")
     args = ap.parse_args()
     # no persistent compile cache: the compile time of each program is measured
     bw = read_bandwidth()
     if args.kv:
         configs = {f"kv {kv}": dict(dtype="float32", quantization="w8a8_int8", kv_dtype=kv)
                    for kv in ("float32", "bfloat16")}
+    elif args.onednn:
+        configs = {name: dict(dtype="float32", quantization="w8a8_int8", kv_dtype="bfloat16",
+                              onednn=name == "onednn") for name in ("xla", "onednn")}
     elif args.quant:
         configs = {"float32": dict(dtype="float32"),
                    "w8a8_int8": dict(dtype="float32", quantization="w8a8_int8")}

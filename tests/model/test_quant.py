@@ -21,6 +21,7 @@ from radixjax.model.quant import (
     HEAD_ROWS_MAX,
     ONE_ROW_GEMM_ROWS,
     Int8Weight,
+    PackedInt8Weight,
     bf16_gemm,
     head_rows_max,
     int8_head,
@@ -125,15 +126,21 @@ def test_many_rows_multiply_the_int8_values_as_bf16_on_avx512_bf16_cpus(monkeypa
 @pytest.mark.parametrize("family", ["deepseek_v3", "llama3"])
 def test_int8_runner_tracks_f32(family: str, tiny_model_dir) -> None:
     """DeepSeek-V3: MLA projections, a dense and an MoE group (shared experts quantized,
-    routed experts not); llama3: GQA. A prefill batch (the int8 GEMM) and a decode batch
-    (one token per request)."""
+    routed experts not); llama3: GQA. A prefill batch and a decode batch (one token per
+    request)."""
     m = load_model(tiny_model_dir(family), load_tokenizer=False)
     f32 = tiny_runner(m.cfg, m.params)
     int8 = tiny_runner(m.cfg, m.params, quantization="w8a8_int8")
+    # on this CPU through oneDNN (model/onednn.py; tests/model/test_onednn.py), the
+    # stacked layers' products read in place
+    assert isinstance(int8.params["lm_head_int8"], PackedInt8Weight)
+    assert all(isinstance(g["wq"], PackedInt8Weight) and g["wq"].packed.ndim == 3
+               for g in int8.params["groups"] if "wq" in g)
     layer = quantize_params(m.params, "w8a8_int8")["layers"][-1]
-    quantized = {k for k, v in layer.items() if isinstance(v, Int8Weight)}
+    quantized = {k for k, v in layer.items() if isinstance(v, Int8Weight | PackedInt8Weight)}
     assert quantized == LINEAR_WEIGHTS & set(layer) and quantized
-    assert not any(isinstance(v, Int8Weight) for k, v in layer.items() if k not in LINEAR_WEIGHTS)
+    assert not any(isinstance(v, Int8Weight | PackedInt8Weight) for k, v in layer.items()
+               if k not in LINEAR_WEIGHTS)
     rng = np.random.default_rng(2)
     seqs = [list(rng.integers(3, m.cfg.vocab_size, n)) for n in (9, 14)]
     slots = ScatteredSlots(512, seed=4)
@@ -155,7 +162,7 @@ def test_int8_head_rows_and_gemm(family: str, tiny_model_dir) -> None:
     m = load_model(tiny_model_dir(family), load_tokenizer=False)
     head = m.params["embed"] if m.cfg.tie_word_embeddings else m.params["lm_head"]
     assert m.cfg.tie_word_embeddings == (family == "llama") and "lm_head_int8" not in m.params
-    q = quantize_params(m.params, "w8a8_int8")
+    q = quantize_params(m.params, "w8a8_int8", use_onednn=False)  # XLA's forms
     np.testing.assert_array_equal(q["lm_head_int8"].q, quantize_int8(head.T).q)
     assert q["lm_head_int8"].q.shape == head.shape
     h = jnp.asarray(np.random.default_rng(4).standard_normal((8, head.shape[1]), np.float32))

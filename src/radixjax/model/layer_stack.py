@@ -13,6 +13,10 @@ The dense layer matrices are stacked transposed, `OutIn(wt [n, O, I])`: XLA read
 in place for the small steps' vector products instead of copying each layer's slice
 (model/dense_weights.py).
 
+Weights packed for oneDNN (model/quant.py PackedInt8Weight) are not scanned: each layer's
+products read the whole stack at the layer's index (`split_resident` / `join_resident`),
+so no slice of them is copied.
+
 The layers unrolled over per-layer arrays (no weight slices at all; an option until the
 twelfth session) decoded SmolLM2 B = 1 in 35 ms against the scan's 60 before the scan
 stored its matrices (out, in); since then the scan is the faster (B = 1 ~32 vs ~37 ms)
@@ -30,6 +34,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from radixjax.model.config import ModelConfig
 from radixjax.model.dense_weights import LINEAR_WEIGHTS, OutIn
 from radixjax.model.params import Params
+from radixjax.model.quant import PackedInt8Weight
 
 
 class LayerGroup(NamedTuple):
@@ -95,3 +100,17 @@ def stack_layers(cfg: ModelConfig, params: Params) -> Params:
         for g in layer_groups(cfg)
     ]
     return out
+
+
+def split_resident(weights: Params) -> tuple[Params, dict[str, jax.Array]]:
+    """A group's stacked weights -> (what the scan slices per layer, the packed int8
+    stacks that stay whole: {name: [n, parts, P]})."""
+    resident = {k: v.packed for k, v in weights.items() if isinstance(v, PackedInt8Weight)}
+    return {k: v._replace(packed=None) if k in resident else v
+            for k, v in weights.items()}, resident
+
+
+def join_resident(lp: Params, resident: dict[str, jax.Array], layer: jax.Array) -> Params:
+    """One layer's sliced weights with the resident stacks read at `layer` (its index
+    within the group)."""
+    return {**lp, **{k: lp[k]._replace(packed=w, layer=layer) for k, w in resident.items()}}

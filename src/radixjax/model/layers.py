@@ -13,7 +13,7 @@ import numpy as np
 
 from radixjax.model.config import ModelConfig, RopeScaling, YarnScaling
 from radixjax.model.dense_weights import OutIn, out_in_linear
-from radixjax.model.quant import Int8Weight, int8_linear
+from radixjax.model.quant import Int8Weight, PackedInt8Weight, int8_linear
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -22,13 +22,13 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return x * jax.lax.rsqrt(var + eps) * weight
 
 
-def linear(x: jax.Array, w: jax.Array | OutIn | Int8Weight,
+def linear(x: jax.Array, w: jax.Array | OutIn | Int8Weight | PackedInt8Weight,
            b: jax.Array | None = None) -> jax.Array:
     """x: [T, I] f32, w: [I, O] (f32 or bf16), the same stored [O, I] (OutIn) or int8
     (model/quant.py) -> [T, O] f32."""
     if isinstance(w, OutIn):
         y = out_in_linear(x, w)
-    elif isinstance(w, Int8Weight):
+    elif isinstance(w, Int8Weight | PackedInt8Weight):
         y = int8_linear(x, w)
     else:
         y = jnp.dot(x.astype(w.dtype), w, preferred_element_type=jnp.float32)

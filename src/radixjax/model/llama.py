@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from radixjax.model.attention import AttentionBackend, AttentionMetadata
 from radixjax.model.config import ModelConfig
-from radixjax.model.layer_stack import layer_groups
+from radixjax.model.layer_stack import join_resident, layer_groups, split_resident
 from radixjax.model.layers import (
     apply_rope,
     linear,
@@ -166,15 +166,19 @@ def forward_hidden(
     num_slots = kv[0].shape[0] // cfg.num_layers
     for group, weights in zip(layer_groups(cfg), params["groups"], strict=True):
 
-        def layer(carry: tuple, xs: tuple, kind: int = group.start) -> tuple:
+        scanned, resident = split_resident(weights)
+
+        def layer(carry: tuple, xs: tuple, kind: int = group.start,
+                  resident: dict = resident) -> tuple:
             x, kv = carry
             lp, i = xs
+            lp = join_resident(lp, resident, i - kind)
             md_i = md._replace(layer_base=i * num_slots)
             return _decoder_layer(lp, x, kv, md_i, cos, sin, cfg, backend, layout, kind,
                                   mla_absorb), None
 
         ids = jnp.arange(group.start, group.stop, dtype=jnp.int32)
-        (x, kv), _ = jax.lax.scan(layer, (x, kv), (weights, ids))
+        (x, kv), _ = jax.lax.scan(layer, (x, kv), (scanned, ids))
     return rms_norm(x, params["final_norm"], cfg.rms_norm_eps), kv
 
 

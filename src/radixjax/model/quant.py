@@ -67,9 +67,10 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from radixjax.engine.config import QUANTIZATIONS  # ("none", "w8a8_int8")
-from radixjax.model import cpu
+from radixjax.model import cpu, onednn
 from radixjax.model.dense_weights import LINEAR_WEIGHTS, OutIn, out_in_linear
 from radixjax.model.params import Params
 
@@ -77,6 +78,20 @@ from radixjax.model.params import Params
 class Int8Weight(NamedTuple):
     q: jax.Array  # [O, I] int8 ([n, O, I] stacked for the layer scan)
     scale: jax.Array  # [O] f32 ([n, O] stacked)
+
+
+class PackedInt8Weight(NamedTuple):
+    """An Int8Weight's q packed for oneDNN's matmul (model/onednn.py), on the CPU backend
+    where that is built. Inside the layer scan `packed` is the whole stack and `layer`
+    the scanned layer's index in it: the product reads the layer in place (no slice)."""
+
+    packed: jax.Array | None  # [parts, P] int8 ([n, parts, P] stacked); onednn.pack
+    scale: jax.Array  # [O] f32 ([n, O] stacked)
+    layer: jax.Array | None = None  # [] int32: which of packed's n (None: unstacked)
+
+
+def pack_int8(w: Int8Weight) -> PackedInt8Weight:
+    return PackedInt8Weight(jnp.asarray(onednn.pack(np.asarray(w.q))), w.scale)
 
 
 @jax.jit
@@ -100,18 +115,22 @@ def bf16_gemm(t: int) -> bool:
             and cpu.has_avx512_bf16() and not cpu.has_amx())
 
 
-def int8_linear(x: jax.Array, w: Int8Weight, one_row_gemm: bool | None = None,
-                as_bf16: bool | None = None) -> jax.Array:
+def int8_linear(x: jax.Array, w: Int8Weight | PackedInt8Weight,
+                one_row_gemm: bool | None = None, as_bf16: bool | None = None) -> jax.Array:
     """x [T, I] f32 -> [T, O] f32, through int8 activations (one scale per token).
-    one_row_gemm: T = 1 through the int8 GEMM (padded to ONE_ROW_GEMM_ROWS rows) instead
-    of a vector product; None: where the CPU has AMX (model/cpu.py). as_bf16: from two
+    A PackedInt8Weight: oneDNN's product for every T. An Int8Weight: XLA's; one_row_gemm:
+    T = 1 through the int8 GEMM (padded to ONE_ROW_GEMM_ROWS rows) instead of a vector
+    product; None: where the CPU has AMX (model/cpu.py). as_bf16: from two
     rows, the int8 values multiplied as bf16 with f32 sums; None: bf16_gemm(T)."""
     if one_row_gemm is None:
         one_row_gemm = cpu.has_amx()
     a = jnp.maximum(jnp.max(jnp.abs(x), axis=-1, keepdims=True), 1e-30) / 127  # [T, 1]
     xq = jnp.round(x / a)  # integers in [-127, 127], exact in f32
     t = x.shape[0]
-    if t == 1 and not one_row_gemm:  # XLA runs an int8 vector product as int32 (a copy)
+    if isinstance(w, PackedInt8Weight):
+        y = onednn.int8_matmul(xq.astype(jnp.int8), w.packed, w.scale.shape[-1],
+                               0 if w.layer is None else w.layer).astype(jnp.float32)
+    elif t == 1 and not one_row_gemm:  # XLA runs an int8 vector product as int32 (a copy)
         y = out_in_linear(xq, OutIn(w.q.astype(jnp.float32)))
     else:
         rows = ONE_ROW_GEMM_ROWS if t == 1 else t
@@ -139,7 +158,8 @@ def head_rows_max() -> int:
     return 0 if cpu.has_amx() else HEAD_ROWS_MAX
 
 
-def int8_head(h: jax.Array, head: Int8Weight, rows_max: int | None = None) -> jax.Array:
+def int8_head(h: jax.Array, head: Int8Weight | PackedInt8Weight,
+              rows_max: int | None = None) -> jax.Array:
     """h [N, D] f32, head (q [V, D], scale [V]) -> logits [N, V] f32: weight-only, one
     vector product per row, up to rows_max rows (None: head_rows_max()); past them the
     int8 GEMM of the layers (int8 activations too: int8_linear). On the AVX2 CPU the
@@ -147,20 +167,30 @@ def int8_head(h: jax.Array, head: Int8Weight, rows_max: int | None = None) -> ja
     GEMM wins from one row, its weight the left operand: SmolLM2 B = 1 21.9-22.5 -> 21.1-21.3
     ms at context 900 (seventeenth session), for logits ~2.7 % instead of ~2.3 % off the
     f32 head's (the W8A8 layers' own error: ~18 %)."""
-    if h.shape[0] > (head_rows_max() if rows_max is None else rows_max):
+    if isinstance(head, PackedInt8Weight) or \
+            h.shape[0] > (head_rows_max() if rows_max is None else rows_max):
         return int8_linear(h, head, one_row_gemm=True)  # the GEMM, from one row
     return out_in_linear(h, OutIn(head.q.astype(jnp.float32)), HEAD_ROWS_MAX) * head.scale
 
 
-def quantize_params(params: Params, quantization: str) -> Params:
+def quantize_params(params: Params, quantization: str,
+                    use_onednn: bool | None = None) -> Params:
     """Checkpoint-shaped params -> the same with the layer matrices (LINEAR_WEIGHTS) as
     Int8Weight and an int8 copy of the LM head as "lm_head_int8" ("w8a8_int8"; "none":
-    unchanged). The other leaves are shared, not copied."""
+    unchanged); with use_onednn (None: onednn.available()) each packed for oneDNN
+    (PackedInt8Weight). The other leaves are shared, not copied."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     if quantization == "none":
         return params
-    layers = [{k: quantize_int8(v) if k in LINEAR_WEIGHTS else v for k, v in lp.items()}
+    if use_onednn is None:
+        use_onednn = onednn.available()
+
+    def quantize(w: jax.Array) -> Int8Weight | PackedInt8Weight:
+        q = quantize_int8(w)
+        return pack_int8(q) if use_onednn else q
+
+    layers = [{k: quantize(v) if k in LINEAR_WEIGHTS else v for k, v in lp.items()}
               for lp in params["layers"]]
     head = params.get("lm_head", params["embed"])  # [V, D]; tied: the embedding
-    return {**params, "layers": layers, "lm_head_int8": quantize_int8(head.T)}
+    return {**params, "layers": layers, "lm_head_int8": quantize(head.T)}

@@ -70,6 +70,9 @@ class RunnerConfig:
     mla_absorb: bool = True  # MLA decode in the latent space; False: expanded (reference)
     # "w8a8_int8": int8 layer matrices and activations (model/quant.py); "none": as loaded
     quantization: str = "none"
+    # W8A8's products through oneDNN's int8 matmul (model/onednn.py); None: where it is
+    # built and the backend is the CPU, False: XLA's int8 forms
+    onednn: bool | None = None
     # DP attention ranks (engine/dp_attention.py): each rank has num_slots pool slots and
     # max_running + 1 table rows of its own, and a step is one chunk of a bucket per rank
     dp_ranks: int = 1
@@ -258,7 +261,7 @@ class ModelRunner:
         self.run_cfg = cfg if layout is None else sharded_config(cfg, layout)
         if config.quantization != "none" and layout is not None:
             raise ValueError("weight quantization runs on one device only (no mesh)")
-        params = quantize_params(params, config.quantization)
+        params = quantize_params(params, config.quantization, config.onednn)
         if layout is not None:
             params = shard_params(cfg, params, layout)
             inputs = layout.replicated  # where step inputs go

@@ -1,0 +1,129 @@
+"""oneDNN's int8 matmul inside XLA CPU programs (an FFI custom call).
+
+XLA's CPU int8 GEMM reaches about a third of what this hardware does with int8 (an AMD
+EPYC with AVX-512 VNNI: [8, 576] x [576, 3072] 182 us in XLA, 67 us in oneDNN through
+torch._int_mm; at 512 rows XLA's 156-283 GOPS against oneDNN's 824-873), and inside the
+layer scan XLA copies each layer's weight slice before its dot. The custom call
+(onednn_int8_matmul.cc) runs oneDNN's matmul on the int8 values and reads the layer's
+weight in place from the stacked array, so W8A8's products (model/quant.py) use it on
+the CPU backend wherever it is built:
+
+    x [M, K] int8, w [L, N, K] int8 (or [N, K]), layer [] int32  ->  [M, N] int32
+
+The library is the `onednn-cpu-gomp` wheel (headers: `onednn-devel-cpu-gomp`); the
+handler is compiled against it and jaxlib's FFI headers by `python -m
+radixjax.model.onednn --build` (scripts/setup.sh runs it) into _onednn_int8_matmul.so
+next to this file. Without that file, or off the CPU backend, `available()` is False and
+the products stay in XLA (a warning says so once).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+TARGET = "radixjax_int8_matmul"
+SOURCE = Path(__file__).with_name("onednn_int8_matmul.cc")
+LIBRARY = Path(__file__).with_name("_onednn_int8_matmul.so")
+
+
+def _dnnl_dir() -> Path:
+    """Where the oneDNN wheels put libdnnl.so and include/: the environment's prefix."""
+    return Path(sys.prefix)
+
+
+def build() -> Path:
+    """Compile the handler (~20 s); returns the library's path."""
+    prefix = _dnnl_dir()
+    cmd = ["g++", "-O2", "-std=c++17", "-shared", "-fPIC",
+           "-isystem", str(jax.ffi.include_dir()), "-isystem", str(prefix / "include"), str(SOURCE),
+           f"-L{prefix / 'lib'}", "-ldnnl", f"-Wl,-rpath,{prefix / 'lib'}",
+           "-o", str(LIBRARY)]
+    subprocess.run(cmd, check=True)
+    return LIBRARY
+
+
+@cache
+def _library() -> ctypes.CDLL | None:
+    """The built handler, loaded and registered with XLA (once); None if not built."""
+    if not LIBRARY.exists():
+        log.warning("%s is not built (python -m radixjax.model.onednn --build): the int8 "
+                    "products stay in XLA's int8 GEMM", LIBRARY.name)
+        return None
+    if LIBRARY.stat().st_mtime < SOURCE.stat().st_mtime:
+        log.warning("%s is older than its source: rebuild it (python -m "
+                    "radixjax.model.onednn --build)", LIBRARY.name)
+    lib = ctypes.CDLL(os.fspath(LIBRARY))
+    lib.RadixjaxInt8PackedBytes.restype = ctypes.c_int64
+    lib.RadixjaxInt8PackedBytes.argtypes = [ctypes.c_int64, ctypes.c_int64]
+    lib.RadixjaxInt8Pack.restype = ctypes.c_int
+    lib.RadixjaxInt8Pack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                     ctypes.c_void_p]
+    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.RadixjaxInt8Matmul),
+                                platform="cpu")
+    return lib
+
+
+def available() -> bool:
+    """Whether programs on this JAX backend can use the oneDNN product: the CPU
+    backend, with the handler built."""
+    return jax.default_backend() == "cpu" and _library() is not None
+
+
+def parts(n: int) -> int:
+    """How many parts an [N, K] weight's rows are split into (run in parallel on XLA's
+    CPU threads): one per core this process may use, while N splits evenly."""
+    p = len(os.sched_getaffinity(0))
+    while p > 1 and n % p:
+        p -= 1
+    return p
+
+
+def pack(w: np.ndarray, num_parts: int | None = None) -> np.ndarray:
+    """w [..., N, K] int8 -> [..., parts, P] int8: each [N, K] matrix's rows split into
+    num_parts (None: parts(N)) equal parts, each in the layout oneDNN's matmul reads (with
+    its compensation sums). Requires available()."""
+    lib = _library()
+    n, k = w.shape[-2:]
+    num_parts = parts(n) if num_parts is None else num_parts
+    rows = n // num_parts
+    size = lib.RadixjaxInt8PackedBytes(rows, k)
+    if size < 0 or rows * num_parts != n:
+        raise RuntimeError(f"oneDNN has no int8 matmul for [{n}, {k}] in {num_parts} parts")
+    flat = np.ascontiguousarray(w, dtype=np.int8).reshape(-1, rows, k)
+    out = np.empty((flat.shape[0], size), np.int8)
+    for src, dst in zip(flat, out, strict=True):
+        if lib.RadixjaxInt8Pack(src.ctypes.data, rows, k, dst.ctypes.data) != 0:
+            raise RuntimeError(f"oneDNN could not pack a [{rows}, {k}] weight")
+    return out.reshape(*w.shape[:-2], num_parts, size)
+
+
+def int8_matmul(x: jax.Array, packed: jax.Array, n: int,
+                layer: jax.Array | int = 0) -> jax.Array:
+    """x [M, K] int8, packed [L, parts, P] (or [parts, P]): pack() of w [L, N, K] (or
+    [N, K]), layer: which of the L -> x @ w[layer].T [M, N] int32 (exact). Requires
+    available()."""
+    assert x.dtype == jnp.int8 and packed.dtype == jnp.int8, (x.dtype, packed.dtype)
+    if packed.ndim == 2:
+        packed = packed[None]
+    m, parts = x.shape[0], packed.shape[-2]
+    out = jax.ShapeDtypeStruct((parts, m, n // parts), jnp.int32)  # the parts' outputs
+    y = jax.ffi.ffi_call(TARGET, out)(x, packed, jnp.asarray(layer, jnp.int32))
+    return y.transpose(1, 0, 2).reshape(m, n)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--build"]:
+        sys.exit("usage: python -m radixjax.model.onednn --build")
+    print(build())
