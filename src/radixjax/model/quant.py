@@ -59,7 +59,16 @@ logprob, int8 GEMM: -4.69 in the 512-token program, -4.25 in the 384; bf16 form 
 512 tokens 597 -> 518, 2048 3263 -> 3012, 256 296 -> 260, 128 164 -> 158; but 64 106 ->
 115 and decode B = 8 / 16 38 -> 67 / 102 -> 120, so fewer rows keep the int8 GEMM
 (benchmarks/README.md, twentieth session; oneDNN's int8 GEMM, torch._int_mm, ran ~830
-GOPS on that CPU: the hardware allows more than XLA's forms reach)."""
+GOPS on that CPU: the hardware allows more than XLA's forms reach).
+
+So on the CPU backend, where model/onednn.py's handler is built (scripts/setup.sh), none
+of the XLA forms above run: `quantize_params` packs each int8 matrix for oneDNN
+(PackedInt8Weight) and every product, layers and head, from one row up, is oneDNN's int8
+matmul on the same rounded activations (the same integer sums; the head then W8A8 from
+one row). SmolLM2 w8a8 + bf16 KV, the AMD EPYC with AVX-512 VNNI (model_step.py
+--onednn, twenty-first session): B = 1 14.2 -> 10.5 ms, B = 8 36.7 -> 29.9, B = 32 142.8
+-> 115.5, prefill 512 1078 -> 1367 tok/s. The XLA forms stay for other backends, and as
+the reference (RunnerConfig.onednn=False)."""
 
 from __future__ import annotations
 
