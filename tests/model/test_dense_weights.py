@@ -21,8 +21,8 @@ from radixjax.model.dense_weights import (
     out_in_linear,
     rows_max,
 )
-from radixjax.model.layer_stack import layer_groups, stack_layers
-from radixjax.model.quant import Int8Weight, quantize_params
+from radixjax.model.layer_stack import layer_groups, split_resident, stack_layers
+from radixjax.model.quant import Int8Weight, PackedInt8Weight, quantize_params
 from tests.model.harness import tiny_runner
 
 
@@ -51,8 +51,16 @@ def test_stacking_transposes_the_dense_matrices_only(tiny_model_dir) -> None:
             want = np.stack([np.asarray(lp[name]) for lp in m.params["layers"][g.start:g.stop]])
             np.testing.assert_array_equal(got, want.swapaxes(-1, -2) if name in LINEAR_WEIGHTS
                                           else want)
-    int8 = stack_layers(m.cfg, quantize_params(m.params, "w8a8_int8"))["groups"]
-    assert all(isinstance(int8[0][k], Int8Weight) for k in LINEAR_WEIGHTS & set(int8[0]))
+    dense = LINEAR_WEIGHTS & set(stacked[0])
+    int8 = stack_layers(m.cfg, quantize_params(m.params, "w8a8_int8", False))["groups"]
+    assert all(isinstance(int8[0][k], Int8Weight) for k in dense)
+    # packed for oneDNN (model/onednn.py): [n, parts, P] stacks the scan leaves whole
+    packed = stack_layers(m.cfg, quantize_params(m.params, "w8a8_int8", True))["groups"][0]
+    n = stacked[0]["wq"].wt.shape[0]
+    assert all(isinstance(packed[k], PackedInt8Weight) and packed[k].packed.shape[0] == n
+               and packed[k].packed.ndim == 3 for k in dense)
+    scanned, resident = split_resident(packed)
+    assert set(resident) == dense and all(scanned[k].packed is None for k in dense)
 
 
 def weight_slice_copies(hlo: str, weight_shapes: set[tuple[int, ...]]) -> int:
