@@ -16,6 +16,8 @@ Formulations (x [M, I] f32 activations; the weight stored either way round):
   int4     W [O, I] int4 (jnp.int4) with a per-row scale through w8a8's code (int8_linear):
            an int8 x int4 -> int32 dot, 4-bit weights as XLA offers them
   int4>8   the same int4 weight converted to int8 in the program, then w8a8's dot
+  onednn   w8a8 through oneDNN's int8 matmul (model/onednn.py, the model's form on the CPU
+           where built): the weight packed at load, the layer read in place from the stack
 and the fused forms the model could use: QKV as one [576, 960] weight, gate/up as one
 [576, 3072]. Each XLA form is timed inside a lax.scan over 30 stacked layers (as the model
 runs them), reported per layer.
@@ -33,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from radixjax.model.quant import Int8Weight, int8_linear
+from radixjax.model.quant import Int8Weight, PackedInt8Weight, int8_linear, pack_int8
 
 LAYERS = 30
 # name -> (in, out)
@@ -79,6 +81,8 @@ def weights_for(form: str, i: int, o: int, layers: int, rng: np.random.Generator
     if form == "int8":
         s = np.abs(w).max(axis=1, keepdims=True) / 127
         return (jnp.asarray(np.round(w / s).astype(np.int8)), jnp.asarray(s))
+    if form == "onednn":  # the w8a8 weight packed: ([L, parts, P], [L, O])
+        return pack_int8(Int8Weight(*weights_for("w8a8", i, o, layers, rng)))[:2]
     if form in ("w8a8", "int4", "int4>8"):  # [O, I], one scale per output row
         wt = w.transpose(0, 2, 1)
         top = 127 if form == "w8a8" else 7
@@ -94,10 +98,13 @@ def time_xla(form: str, m: int, i: int, o: int, layers: int, reps: int) -> float
     layers = layers if i * o < 10_000_000 else 1  # the LM head: one
     w = weights_for(form, i, o, layers, rng)
     x = jnp.asarray(rng.standard_normal((m, i), np.float32))
-    body = xla_forms()[form]
+    body = xla_forms()[form] if form != "onednn" else None
 
     @jax.jit
     def run(x, w):  # every layer's [M, O] output written out, as the model uses it
+        if form == "onednn":  # the stack whole, the layer's index scanned
+            return jax.lax.scan(lambda c, l: (c, int8_linear(x, PackedInt8Weight(
+                w[0], w[1][l], l))), 0, jnp.arange(layers))[1]
         return jax.lax.scan(lambda c, wl: (c, body(x, wl)), 0, w)[1]
 
     return _timed(lambda: run(x, w).block_until_ready(), reps) / layers
@@ -146,7 +153,7 @@ def cell(secs: dict[str, float], form: str, m: int, i: int, o: int) -> str:
     """GFLOP/s (weight GB/s) of one measured form."""
     if form not in secs:
         return "-"
-    wbytes = i * o * {"bf16": 2, "int8": 1, "w8a8": 1, "int4": 0.5, "int4>8": 0.5,
+    wbytes = i * o * {"bf16": 2, "int8": 1, "w8a8": 1, "int4": 0.5, "int4>8": 0.5, "onednn": 1,
                       "torch int8": 1, "torch int4": 0.5}.get(form, 4)
     return f"{2 * m * i * o / secs[form] / 1e9:.1f} ({wbytes / secs[form] / 1e9:.1f})"
 
