@@ -103,8 +103,8 @@ def time_xla(form: str, m: int, i: int, o: int, layers: int, reps: int) -> float
     @jax.jit
     def run(x, w):  # every layer's [M, O] output written out, as the model uses it
         if form == "onednn":  # the stack whole, the layer's index scanned
-            return jax.lax.scan(lambda c, l: (c, int8_linear(x, PackedInt8Weight(
-                w[0], w[1][l], l))), 0, jnp.arange(layers))[1]
+            return jax.lax.scan(lambda c, i: (c, int8_linear(x, PackedInt8Weight(
+                w[0], w[1][i], i))), 0, jnp.arange(layers))[1]
         return jax.lax.scan(lambda c, wl: (c, body(x, wl)), 0, w)[1]
 
     return _timed(lambda: run(x, w).block_until_ready(), reps) / layers

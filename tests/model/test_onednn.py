@@ -29,6 +29,9 @@ def test_built_on_this_machine() -> None:
     products must take it (a missing build would silently cost ~25 % of every step)."""
     assert platform.machine() == "x86_64" and jax.default_backend() == "cpu"
     assert onednn.available(), f"{onednn.LIBRARY} missing: python -m radixjax.model.onednn --build"
+    # SmolLM2's matrices: one packed layout at every row count, a fast kernel
+    assert all(onednn.packable(n, k) for n, k in [(576, 576), (192, 576), (1536, 576),
+                                                  (576, 1536), (49152, 576)])
 
 
 @pytest.mark.parametrize("num_parts", [1, 2, 3])

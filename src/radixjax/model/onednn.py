@@ -90,6 +90,12 @@ def parts(n: int) -> int:
     return p
 
 
+def packable(n: int, k: int) -> bool:
+    """Whether oneDNN runs [N, K] weights (in parts(N) parts) with a fast kernel in one
+    packed layout at every row count (requires available())."""
+    return _library().RadixjaxInt8PackedBytes(n // parts(n), k) > 0
+
+
 def pack(w: np.ndarray, num_parts: int | None = None) -> np.ndarray:
     """w [..., N, K] int8 -> [..., parts, P] int8: each [N, K] matrix's rows split into
     num_parts (None: parts(N)) equal parts, each in the layout oneDNN's matmul reads (with

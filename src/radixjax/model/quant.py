@@ -186,17 +186,17 @@ def quantize_params(params: Params, quantization: str,
                     use_onednn: bool | None = None) -> Params:
     """Checkpoint-shaped params -> the same with the layer matrices (LINEAR_WEIGHTS) as
     Int8Weight and an int8 copy of the LM head as "lm_head_int8" ("w8a8_int8"; "none":
-    unchanged); with use_onednn (None: onednn.available()) each packed for oneDNN
-    (PackedInt8Weight). The other leaves are shared, not copied."""
+    unchanged); with use_onednn each packed for oneDNN (PackedInt8Weight; None: where
+    onednn.available() and the matrix is onednn.packable). The other leaves are shared,
+    not copied."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     if quantization == "none":
         return params
-    if use_onednn is None:
-        use_onednn = onednn.available()
-
     def quantize(w: jax.Array) -> Int8Weight | PackedInt8Weight:
         q = quantize_int8(w)
+        if use_onednn is None:  # where oneDNN has a fast kernel and one layout for it
+            return pack_int8(q) if onednn.available() and onednn.packable(*q.q.shape) else q
         return pack_int8(q) if use_onednn else q
 
     layers = [{k: quantize(v) if k in LINEAR_WEIGHTS else v for k, v in lp.items()}
