@@ -100,6 +100,7 @@ class PackedInt8Weight(NamedTuple):
 
 
 def pack_int8(w: Int8Weight) -> PackedInt8Weight:
+    """w's int8 values (q [.., O, I]) packed for oneDNN (onednn.pack), its scale as it is."""
     return PackedInt8Weight(jnp.asarray(onednn.pack(np.asarray(w.q))), w.scale)
 
 
