@@ -8,7 +8,8 @@ layer scan XLA copies each layer's weight slice before its dot. The custom call
 weight in place from the stacked array, so W8A8's products (model/quant.py) use it on
 the CPU backend wherever it is built:
 
-    x [M, K] int8, w [L, N, K] int8 (or [N, K]), layer [] int32  ->  [M, N] int32
+    w [L, N, K] int8  --pack (at load)-->  packed [L, parts, P] int8
+    x [M, K] int8, packed, layer [] int32  --int8_matmul-->  x @ w[layer].T [M, N] int32
 
 The library is the `onednn-cpu-gomp` wheel (headers: `onednn-devel-cpu-gomp`); the
 handler is compiled against it and jaxlib's FFI headers by `python -m
@@ -44,7 +45,7 @@ def _dnnl_dir() -> Path:
 
 
 def build() -> Path:
-    """Compile the handler (~20 s); returns the library's path."""
+    """Compile the handler (~5 s); returns the library's path."""
     prefix = _dnnl_dir()
     cmd = ["g++", "-O2", "-std=c++17", "-shared", "-fPIC",
            "-isystem", str(jax.ffi.include_dir()), "-isystem", str(prefix / "include"), str(SOURCE),
@@ -90,10 +91,17 @@ def parts(n: int) -> int:
     return p
 
 
+@cache
+def _packed_bytes(rows: int, k: int) -> int:
+    """Bytes of one packed [rows, K] part; -1 where oneDNN has no fast kernel in one
+    layout at every row count (the check builds ~30 descriptors: once per shape)."""
+    return _library().RadixjaxInt8PackedBytes(rows, k)
+
+
 def packable(n: int, k: int) -> bool:
     """Whether oneDNN runs [N, K] weights (in parts(N) parts) with a fast kernel in one
     packed layout at every row count (requires available())."""
-    return _library().RadixjaxInt8PackedBytes(n // parts(n), k) > 0
+    return _packed_bytes(n // parts(n), k) > 0
 
 
 def pack(w: np.ndarray, num_parts: int | None = None) -> np.ndarray:
@@ -104,7 +112,7 @@ def pack(w: np.ndarray, num_parts: int | None = None) -> np.ndarray:
     n, k = w.shape[-2:]
     num_parts = parts(n) if num_parts is None else num_parts
     rows = n // num_parts
-    size = lib.RadixjaxInt8PackedBytes(rows, k)
+    size = _packed_bytes(rows, k)
     if size < 0 or rows * num_parts != n:
         raise RuntimeError(f"oneDNN has no int8 matmul for [{n}, {k}] in {num_parts} parts")
     flat = np.ascontiguousarray(w, dtype=np.int8).reshape(-1, rows, k)
