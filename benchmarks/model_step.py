@@ -3,10 +3,11 @@
 weights (or, with --quant, float32 vs int8 layer weights and activations,
 `--quantization w8a8_int8`; with --kv, w8a8 with a float32 vs a bfloat16 KV pool,
 `--kv-cache-dtype bfloat16`; with --onednn, w8a8 + bf16 KV with XLA's int8 products vs
-oneDNN's, model/onednn.py), the compile time of each step program, and the
+oneDNN's, model/onednn.py; with --a16, w8a8 vs w8a16 activations in two int8 parts,
+model/quant.py, both on a float32 KV pool), the compile time of each step program, and the
 memory-bandwidth floor (weight bytes / measured read bandwidth).
 
-    .venv/bin/python benchmarks/model_step.py [--steps 20] [--quant | --kv | --onednn]
+    .venv/bin/python benchmarks/model_step.py [--steps 20] [--quant | --kv | --onednn | --a16]
 """
 
 from __future__ import annotations
@@ -131,6 +132,8 @@ def main() -> None:
                     help="w8a8_int8 with a float32 vs a bfloat16 KV pool")
     ap.add_argument("--onednn", action="store_true",
                     help="w8a8_int8 + bf16 KV, XLA's int8 products vs oneDNN's")
+    ap.add_argument("--a16", action="store_true",
+                    help="w8a8_int8 vs w8a16_int8, both with a float32 KV pool")
     args = ap.parse_args()
     # no persistent compile cache: the compile time of each program is measured
     bw = read_bandwidth()
@@ -140,6 +143,9 @@ def main() -> None:
     elif args.onednn:
         configs = {name: dict(dtype="float32", quantization="w8a8_int8", kv_dtype="bfloat16",
                               onednn=name == "onednn") for name in ("xla", "onednn")}
+    elif args.a16:
+        configs = {q: dict(dtype="float32", quantization=q, kv_dtype="float32")
+                   for q in ("w8a8_int8", "w8a16_int8")}
     elif args.quant:
         configs = {"float32": dict(dtype="float32"),
                    "w8a8_int8": dict(dtype="float32", quantization="w8a8_int8")}

@@ -68,7 +68,8 @@ class RunnerConfig:
     page_size: int = 1  # the allocator's page size, or 1 (valid for any allocation)
     kv_dtype: str = "float32"  # or "bfloat16" (the native backend keeps its bits)
     mla_absorb: bool = True  # MLA decode in the latent space; False: expanded (reference)
-    # "w8a8_int8": int8 layer matrices and activations (model/quant.py); "none": as loaded
+    # "w8a8_int8": int8 layer matrices and activations (model/quant.py); "w8a16_int8":
+    # the activations as two int8 parts; "none": as loaded
     quantization: str = "none"
     # W8A8's products through oneDNN's int8 matmul (model/onednn.py); None: where it is
     # built and the backend is the CPU, False: XLA's int8 forms
