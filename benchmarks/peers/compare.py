@@ -44,8 +44,7 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--servers", nargs="+", default=["ours", "llama.cpp", "hf"],
-                   choices=["ours", "ours-w8a8", "ours-w8a8-bf16kv", "ours-w8a8-mixed", "llama.cpp",
-                            "hf"])
+                   choices=list(server_specs(1)))
     p.add_argument("--workloads", nargs="+", default=["generated-shared-prefix", "multi-turn"],
                    choices=serving.WORKLOADS)
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 16])

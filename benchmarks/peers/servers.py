@@ -1,5 +1,5 @@
 """The servers the comparison starts, one at a time, on loopback: ours (also with
-`--quantization w8a8_int8`), llama.cpp's llama-server, and the HF transformers baseline,
+`--quantization w8a8_int8` or `w8a16_int8`), llama.cpp's llama-server, and the HF transformers baseline,
 all on the same SmolLM2 GGUF."""
 
 from __future__ import annotations
@@ -46,6 +46,12 @@ def server_specs(parallel: int, base_port: int = 30100) -> dict[str, ServerSpec]
         "ours-w8a8-bf16kv": ServerSpec("ours-w8a8-bf16kv", (
             *ours, "--port", str(base_port + 5), "--quantization", "w8a8_int8",
             "--kv-cache-dtype", "bfloat16"), base_port + 5),
+        # the activations as two int8 parts (perplexity within 0.5 % of f32), f32 KV
+        "ours-w8a16": ServerSpec("ours-w8a16", (*ours, "--port", str(base_port + 6),
+                                                "--quantization", "w8a16_int8"), base_port + 6),
+        "ours-w8a16-bf16kv": ServerSpec("ours-w8a16-bf16kv", (
+            *ours, "--port", str(base_port + 7), "--quantization", "w8a16_int8",
+            "--kv-cache-dtype", "bfloat16"), base_port + 7),
         # decode requests ride along in prefill steps
         "ours-w8a8-mixed": ServerSpec("ours-w8a8-mixed", (
             *ours, "--port", str(base_port + 4), "--quantization", "w8a8_int8",
