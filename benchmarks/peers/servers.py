@@ -1,6 +1,6 @@
 """The servers the comparison starts, one at a time, on loopback: ours (also with
-`--quantization w8a8_int8` or `w8a16_int8`), llama.cpp's llama-server, and the HF transformers baseline,
-all on the same SmolLM2 GGUF."""
+`--quantization w8a8_int8` or `w8a16_int8`), llama.cpp's llama-server, and the HF
+transformers baseline, all on the same SmolLM2 GGUF."""
 
 from __future__ import annotations
 

@@ -70,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "+0.45 %%, prefill ~0.7x W8A8's speed; benchmarks/README.md)")
     g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
                    help="auto: the Pallas kernels on a GPU, the jnp gather backend elsewhere")
+    g.add_argument("--enable-deterministic-inference", action="store_true",
+                   help="a request's answer does not depend on its batch, chunking or "
+                        "cache hits (attention in one order per request; slower steps)")
     g.add_argument("--no-warmup", action="store_true",
                    help="skip compiling the step buckets at start-up")
     g.add_argument("--default-max-tokens", type=int, default=256,
@@ -147,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         policy=args.policy, enable_cache=not args.disable_radix_cache,
         enable_overlap=not args.disable_overlap, enable_mixed=args.enable_mixed,
         dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization,
-        attention_backend=args.attention_backend, tp=args.tp, ep=args.ep,
+        attention_backend=args.attention_backend,
+        enable_deterministic_inference=args.enable_deterministic_inference, tp=args.tp, ep=args.ep,
         moe_dispatch=args.moe_dispatch, enable_dp_attention=args.enable_dp_attention,
         disaggregation_mode=args.disaggregation_mode,
         disaggregation_timeout=args.disaggregation_timeout,

@@ -44,6 +44,10 @@ class EngineConfig:
     # (perplexity +0.45 %, a row's products the same bits in any batch)
     quantization: str = "none"
     attention_backend: str = "auto"  # "native" | "pallas" | "auto": pallas on a GPU
+    # SGLang's --enable-deterministic-inference: a request's numbers (and greedy tokens)
+    # do not depend on its batch, chunking or cache hits: attention in one order per
+    # request (native backend; model/native_attention.py deterministic_attention)
+    enable_deterministic_inference: bool = False
     seed: int = 0  # seeds for requests that give none derive from it
     tp: int = 1  # tensor-parallel devices (0: every visible device); docs/sharding.md
     ep: int = 1  # expert-parallel groups inside the TP group (MoE models); divides tp
@@ -94,6 +98,8 @@ class EngineConfig:
         check(self.disaggregation_mode != "decode" or self.enable_cache,
               "a decode server lands the transferred KV in its radix cache: keep it on")
         check(self.disaggregation_timeout > 0, "disaggregation_timeout must be > 0")
+        check(not self.enable_deterministic_inference or self.attention_backend != "pallas",
+              "deterministic inference runs on the native attention backend")
         check(self.kv_cache_dtype in KV_CACHE_DTYPES,
               f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}")
         check(self.quantization in QUANTIZATIONS,

@@ -53,6 +53,7 @@ def runner_config_for(c: EngineConfig, dp_ranks: int = 1) -> RunnerConfig:
         max_context=c.max_context, attention_backend=c.attention_backend,
         page_size=c.page_size, kv_dtype=c.kv_dtype, dp_ranks=dp_ranks,
         quantization=c.quantization, xla_options=c.xla_options,
+        deterministic=c.enable_deterministic_inference,
     )
 
 

@@ -149,14 +149,18 @@ def resolve_backend_name(name: str) -> str:
     return name
 
 
-def get_backend(name: str, page_size: int = 1) -> AttentionBackend:
+def get_backend(name: str, page_size: int = 1, deterministic: bool = False) -> AttentionBackend:
     """The backend function; page_size must be the allocator's page size, or 1 (always
-    valid; only the pallas backend uses it)."""
+    valid; only the pallas backend uses it). deterministic: a token's result independent
+    of its batch (native backend only)."""
     name = resolve_backend_name(name)
     if name == "native":
         from radixjax.model.native_attention import native_attention
 
-        return native_attention
+        return partial(native_attention, deterministic=True) if deterministic \
+            else native_attention
+    if deterministic:
+        raise ValueError("deterministic inference runs on the native attention backend")
     from radixjax.model.pallas_backend import pallas_attention  # Pallas only when asked
 
     return partial(pallas_attention, page_size=page_size)

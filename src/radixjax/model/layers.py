@@ -17,9 +17,25 @@ from radixjax.model.quant import Int8Weight, PackedInt8Weight, int8_linear
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """x: [..., D] f32, weight: [D] -> [..., D] f32."""
-    var = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+    """x: [..., D] f32, weight: [D] -> [..., D] f32. The mean of squares is summed in a
+    fixed order (row_sum), so a row's result is the same bits in any batch."""
+    var = row_sum(jnp.square(x)) / x.shape[-1]
     return x * jax.lax.rsqrt(var + eps) * weight
+
+
+def row_sum(x: jax.Array) -> jax.Array:
+    """x [..., D] -> [..., 1]: each row summed by halving (the upper half added to the
+    lower, an odd last column to the first), elementwise adds in an order fixed by D.
+    XLA's own reduction sums a row in an order that changes with the number of rows (a
+    [1, 576] row and the same row among 8 differ in the last bit), which the batch
+    invariance of deterministic inference cannot have."""
+    while x.shape[-1] > 1:
+        w = x.shape[-1]
+        if w % 2:
+            x = jnp.concatenate([x[..., :1] + x[..., w - 1:], x[..., 1:w - 1]], axis=-1)
+        else:
+            x = x[..., :w // 2] + x[..., w // 2:]
+    return x
 
 
 def linear(x: jax.Array, w: jax.Array | OutIn | Int8Weight | PackedInt8Weight,
@@ -105,4 +121,21 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     """x: [T, H, Dh]; cos/sin: [T, Dh] -> [T, H, Dh]. Pairs dim i with i + Dh/2."""
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+    return exact_products_sum(x, cos[:, None, :], rotated, sin[:, None, :])
+
+
+def _split12(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """f32 x -> (hi, lo), x == hi + lo exactly, each with at most 12 significant bits."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.int32) & jnp.int32(-4096)  # 0xFFFFF000
+    hi = jax.lax.bitcast_convert_type(bits, jnp.float32)
+    return hi, x - hi
+
+
+def exact_products_sum(a: jax.Array, b: jax.Array, c: jax.Array, d: jax.Array) -> jax.Array:
+    """a * b + c * d (f32, broadcasting) from products that are all exact (12-bit halves
+    of each factor), summed in a fixed order: the same bits whether or not the compiler
+    fuses a product and a sum into one FMA, which XLA's CPU backend does in some programs
+    and not in others (a token's rotary keys then changed with the step's batch size)."""
+    (ah, al), (bh, bl), (ch, cl), (dh, dl) = (_split12(v) for v in (a, b, c, d))
+    return (((ah * bh + ch * dh) + (ah * bl + al * bh + ch * dl + cl * dh))
+            + (al * bl + cl * dl))

@@ -78,6 +78,7 @@ SHARED_SMALL_ROWS, SHARED_SMALL_BLOCK_K, SHARED_BLOCK_K = 64, 512, 256
 # 1363, a fresh 512-token prompt 1109 -> 1050, 512 tokens on 1536 cached 2199 -> 2227
 # (benchmarks/README.md, thirteenth session).
 EXTEND_BLOCK_Q = 64  # query tokens per extend tile
+DETERMINISTIC_BLOCK_K = 128  # keys per block in deterministic mode, decode and extend
 EXTEND_BLOCK_K = 128  # keys per extend loop step
 assert all(TABLE_ALIGN % k == 0 for k in (DECODE_MAX_BLOCK_K, EXTEND_BLOCK_K,
                                         SHARED_SMALL_BLOCK_K, SHARED_BLOCK_K))
@@ -214,7 +215,8 @@ def decode_form(num_kv_heads: int, group: int, batch: int) -> str:
 
 def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
                      md: AttentionMetadata, window: int | None,
-                     prefix: tuple | None = None) -> jax.Array:
+                     prefix: tuple | None = None, block_k: int | None = None,
+                     form: str | None = None) -> jax.Array:
     """q [T, Hq, Dh] (scaled) -> [B, Hq, Dh]: each q_len == 1 request's one token over
     its keys: the shared prefix's once for all (shared_prefix_pass; prefix: its carry
     for each request's token, [B, Hkv, G(, Dh)], if the caller ran it), then each
@@ -230,12 +232,14 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
     -> 79 ms a SmolLM2 w8a8 step),
     [Hq, Hkv*Dh] x [Hkv*Dh, BK] and back; the Hkv-fold wasted products cost less than
     XLA's CPU dot over tiny per-head batches (SmolLM2, Hkv = 3: 2.5x faster per layer at
-    4k keys, benchmarks/README.md). Otherwise batched GEMMs per KV head."""
+    4k keys, benchmarks/README.md). Otherwise batched GEMMs per KV head.
+    block_k / form: instead of decode_block_k(B) / decode_form(..., B) (fixed: the same
+    blocks and products whatever B, deterministic mode)."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
     group = num_q_heads // num_kv_heads
     b = md.q_len.shape[0]
-    block_k = decode_block_k(b)
+    block_k = block_k or decode_block_k(b)
     is_decode = md.q_len == 1
     kv_len = jnp.where(is_decode, md.kv_len, 0)  # [B]
     shared = _shared_len(md, is_decode)  # [B]
@@ -244,7 +248,7 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
         prefix = shared_prefix_pass(qd, pool_keys(k_pool, v_pool), head_dim, md, shared,
                                     kv_len - 1, window)
     m, denom, acc = prefix
-    form = decode_form(num_kv_heads, group, b)
+    form = form or decode_form(num_kv_heads, group, b)
     block_diagonal = form == "block_diagonal"
     if block_diagonal:
         eye = jnp.eye(num_kv_heads, dtype=jnp.float32)[:, None, :, None]  # [Hkv, 1, Hkv, 1]
@@ -392,10 +396,14 @@ def native_attention(
     md: AttentionMetadata,
     window: int | None,
     scale: float,
+    deterministic: bool = False,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """`AttentionBackend` contract (model/attention.py): blockwise, context-free shapes."""
+    """`AttentionBackend` contract (model/attention.py): blockwise, context-free shapes.
+    deterministic: a token's result depends on its request alone (deterministic_attention)."""
     k_pool, v_pool = write_kv(k_pool, v_pool, k_new, v_new, md.out_slots + md.layer_base)
     q = q * scale
+    if deterministic:
+        return deterministic_attention(q, k_pool, v_pool, md, window), k_pool, v_pool
     md = sharing(md)
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
@@ -416,3 +424,36 @@ def native_attention(
     is_decode_token = (md.q_len == 1)[md.token_req]  # [T]
     out = jnp.where(is_decode_token[:, None, None], dec[md.token_req], ext)
     return out, k_pool, v_pool
+
+
+def deterministic_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
+                            md: AttentionMetadata, window: int | None) -> jax.Array:
+    """q [T, Hq, Dh] (scaled; the step's K/V already in the pool) -> [T, Hq, Dv], each
+    token's keys reduced in an order set by its request's positions alone (SGLang's
+    deterministic inference, vLLM's batch invariance): every key read from the pool in
+    blocks of DETERMINISTIC_BLOCK_K at multiples of it from position 0, merged in order,
+    by extend_attention's per-request loop, whose body has the same shapes in every
+    program. No shared-prefix pass and no triangle over the packed axis (their blocks
+    move with the request's place in the step); decode requests go through the same loop
+    with tiles of one query (the batched decode forms, even a multiply-and-sum, round a
+    row differently at another B). With the rest of the step's batch-invariant parts
+    (layers.row_sum in RMSNorm, layers.exact_products_sum in RoPE, w8a16 / W8A8's
+    integer products) a prompt's numbers are the same bits alone or batched, in any
+    token bucket, chunked or not, its prefix cached or not, and a decode token's
+    whatever its batch (tests/model/test_deterministic.py). A 1-token extend is a decode
+    here too; a token's bits as a decode and inside a prompt differ (tiles of 1 and of
+    EXTEND_BLOCK_Q queries), so a re-prefilled answer (a retraction, a later turn whose
+    history is not cached) may continue differently."""
+    md = md._replace(shared_len=None)
+    num_kv_heads = k_pool.shape[1]
+    keys = pool_keys(k_pool, v_pool)
+    dot_dtype = jnp.bfloat16 if k_pool.dtype == BF16_BITS else jnp.float32
+
+    def attend(md: AttentionMetadata, block_q: int) -> jax.Array:
+        return extend_attention(q, keys, num_kv_heads, v_pool.shape[2], md, window, block_q,
+                                DETERMINISTIC_BLOCK_K, min_q_len=1, dot_dtype=dot_dtype)
+
+    is_decode = md.q_len == 1
+    dec = attend(md._replace(q_len=jnp.where(is_decode, 1, 0)), 1)
+    ext = attend(md._replace(q_len=jnp.where(is_decode, 0, md.q_len)), EXTEND_BLOCK_Q)
+    return jnp.where(is_decode[md.token_req][:, None, None], dec, ext)

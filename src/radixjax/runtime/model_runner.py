@@ -74,6 +74,10 @@ class RunnerConfig:
     # W8A8's products through oneDNN's int8 matmul (model/onednn.py); None: where it is
     # built and the backend is the CPU, False: XLA's int8 forms
     onednn: bool | None = None
+    # deterministic inference: each token's attention in an order set by its request's
+    # positions alone, so its numbers do not depend on the batch (native backend;
+    # model/native_attention.py deterministic_attention)
+    deterministic: bool = False
     # DP attention ranks (engine/dp_attention.py): each rank has num_slots pool slots and
     # max_running + 1 table rows of its own, and a step is one chunk of a bucket per rank
     dp_ranks: int = 1
@@ -146,13 +150,14 @@ def _step(
     input_ids: jax.Array, src: TokenSource, scores: PromptScores, md: AttentionMetadata,
     sp: SamplingArrays, token_mask: jax.Array, flags: StepFlags, *,
     cfg: ModelConfig, backend: str, page_size: int, layout: Layout | None, mla_absorb: bool,
+    deterministic: bool,
 ) -> tuple[StepOutput, KVPool, jax.Array, jax.Array, jax.Array]:
     """token_mask: [B, ceil(V / 32)] int32 grammar bitmask (all ones: unconstrained)."""
     table, md = _write_table(table, src, md)
     input_ids = jnp.where(src.use_last, last_tokens[src.token_row], input_ids)
     hidden, kv = forward_hidden(
-        params, kv, input_ids, md, cfg=cfg,
-        backend=get_backend(backend, page_size), layout=layout, mla_absorb=mla_absorb,
+        params, kv, input_ids, md, cfg=cfg, backend=get_backend(backend, page_size, deterministic),
+        layout=layout, mla_absorb=mla_absorb,
     )  # [T, D]
     logits = lm_head(params, hidden[last_token_rows(md)], cfg, layout)  # [B, V]
     prompt = lax.cond(
@@ -203,12 +208,12 @@ def _sync_row(table: jax.Array, row: jax.Array, slots: jax.Array) -> jax.Array:
 def _all_logits(
     params: Params, kv: KVPool, table: jax.Array, input_ids: jax.Array, src: TokenSource,
     md: AttentionMetadata, *, cfg: ModelConfig, backend: str, page_size: int,
-    layout: Layout | None, mla_absorb: bool,
+    layout: Layout | None, mla_absorb: bool, deterministic: bool,
 ) -> tuple[jax.Array, KVPool, jax.Array]:
     table, md = _write_table(table, src, md)
     logits, kv = forward(
         params, kv, input_ids, md, cfg=cfg,
-        backend=get_backend(backend, page_size), all_logits=True, layout=layout,
+        backend=get_backend(backend, page_size, deterministic), all_logits=True, layout=layout,
         mla_absorb=mla_absorb,
     )
     return logits, kv, table
@@ -217,13 +222,13 @@ def _all_logits(
 @cache
 def _jitted(cfg: ModelConfig, backend: str, page_size: int, layout: Layout | None,
             pool_sharding: jax.sharding.Sharding | None, mla_absorb: bool = True,
-            xla_options: tuple[tuple[str, Any], ...] = ()) -> tuple:
+            xla_options: tuple[tuple[str, Any], ...] = (), deterministic: bool = False) -> tuple:
     """(step, all_logits, sync_row) jitted for these statics. Memoized: runners with equal
     statics share the jitted functions, so JAX's in-memory caches (trace, lowering,
     executable) serve a second runner in this process without tracing or loading again
     (an engine restarted in a notebook, the test suite's many engines)."""
     statics = dict(cfg=cfg, backend=backend, page_size=page_size, layout=layout,
-                   mla_absorb=mla_absorb)
+                   mla_absorb=mla_absorb, deterministic=deterministic)
     # Sharded: pin where the state comes back (as it went in), or XLA may return, say,
     # the counts split like the vocab-sharded logits and the next step's program would
     # refuse them.
@@ -282,7 +287,7 @@ class ModelRunner:
         self.reset_state()
         self._step, self._logits, self._sync = _jitted(
             self.run_cfg, self.attention_backend, config.page_size, layout, pool_sharding,
-            config.mla_absorb, config.xla_options)
+            config.mla_absorb, config.xla_options, config.deterministic)
         self._no_mask: dict[int, jax.Array] = {}  # all-ones grammar mask per B, on device
         self.programs = StepPrograms(self._step, self._example_args)
 
