@@ -49,6 +49,9 @@ def server_specs(parallel: int, base_port: int = 30100) -> dict[str, ServerSpec]
         # the activations as two int8 parts (perplexity within 0.5 % of f32), f32 KV
         "ours-w8a16": ServerSpec("ours-w8a16", (*ours, "--port", str(base_port + 6),
                                                 "--quantization", "w8a16_int8"), base_port + 6),
+        "ours-w8a16-det": ServerSpec("ours-w8a16-det", (
+            *ours, "--port", str(base_port + 8), "--quantization", "w8a16_int8",
+            "--enable-deterministic-inference"), base_port + 8),
         "ours-w8a16-bf16kv": ServerSpec("ours-w8a16-bf16kv", (
             *ours, "--port", str(base_port + 7), "--quantization", "w8a16_int8",
             "--kv-cache-dtype", "bfloat16"), base_port + 7),
