@@ -63,3 +63,13 @@ def test_a_request_is_the_same_bits_in_any_batch(smollm2, quantization: str) -> 
         b = _logits(fast, [(other, theirs[:90]), (p, mine[:N])])[90:]
         assert not np.array_equal(a, b)
         np.testing.assert_allclose(a, alone, rtol=0, atol=0.2)  # the same model
+
+
+def test_the_flag_reaches_the_runner_on_the_native_backend_only() -> None:
+    from radixjax.engine.config import EngineConfig, EngineConfigError
+    from radixjax.engine.engine import runner_config_for
+
+    assert runner_config_for(EngineConfig(enable_deterministic_inference=True)).deterministic
+    assert not runner_config_for(EngineConfig()).deterministic
+    with pytest.raises(EngineConfigError, match="native attention backend"):
+        EngineConfig(enable_deterministic_inference=True, attention_backend="pallas")
