@@ -1,7 +1,8 @@
 """w8a16 (model/quant.py, `quantization="w8a16_int8"`): the int8 weights of W8A8, each
 token's activations as two int8 parts at power-of-two scales, multiplied as one int8
 product of twice the rows. Exact integer math, so a row's result is the same bits alone
-or in any batch, in every product form (oneDNN's, XLA's GEMM, the one-row vector product)."""
+or in any batch, through oneDNN's product and XLA's int8 GEMM alike (one token is two
+rows here, so XLA's one-row vector product is not used)."""
 
 from __future__ import annotations
 

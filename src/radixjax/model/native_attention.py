@@ -78,10 +78,11 @@ SHARED_SMALL_ROWS, SHARED_SMALL_BLOCK_K, SHARED_BLOCK_K = 64, 512, 256
 # 1363, a fresh 512-token prompt 1109 -> 1050, 512 tokens on 1536 cached 2199 -> 2227
 # (benchmarks/README.md, thirteenth session).
 EXTEND_BLOCK_Q = 64  # query tokens per extend tile
-DETERMINISTIC_BLOCK_K = 128  # keys per block in deterministic mode, decode and extend
 EXTEND_BLOCK_K = 128  # keys per extend loop step
+DETERMINISTIC_BLOCK_K = 128  # keys per block in deterministic mode, decode and extend
 assert all(TABLE_ALIGN % k == 0 for k in (DECODE_MAX_BLOCK_K, EXTEND_BLOCK_K,
-                                        SHARED_SMALL_BLOCK_K, SHARED_BLOCK_K))
+                                        SHARED_SMALL_BLOCK_K, SHARED_BLOCK_K,
+                                        DETERMINISTIC_BLOCK_K))
 
 
 def decode_block_k(batch: int) -> int:
@@ -215,8 +216,7 @@ def decode_form(num_kv_heads: int, group: int, batch: int) -> str:
 
 def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
                      md: AttentionMetadata, window: int | None,
-                     prefix: tuple | None = None, block_k: int | None = None,
-                     form: str | None = None) -> jax.Array:
+                     prefix: tuple | None = None) -> jax.Array:
     """q [T, Hq, Dh] (scaled) -> [B, Hq, Dh]: each q_len == 1 request's one token over
     its keys: the shared prefix's once for all (shared_prefix_pass; prefix: its carry
     for each request's token, [B, Hkv, G(, Dh)], if the caller ran it), then each
@@ -232,14 +232,12 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
     -> 79 ms a SmolLM2 w8a8 step),
     [Hq, Hkv*Dh] x [Hkv*Dh, BK] and back; the Hkv-fold wasted products cost less than
     XLA's CPU dot over tiny per-head batches (SmolLM2, Hkv = 3: 2.5x faster per layer at
-    4k keys, benchmarks/README.md). Otherwise batched GEMMs per KV head.
-    block_k / form: instead of decode_block_k(B) / decode_form(..., B) (fixed: the same
-    blocks and products whatever B, deterministic mode)."""
+    4k keys, benchmarks/README.md). Otherwise batched GEMMs per KV head."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
     group = num_q_heads // num_kv_heads
     b = md.q_len.shape[0]
-    block_k = block_k or decode_block_k(b)
+    block_k = decode_block_k(b)
     is_decode = md.q_len == 1
     kv_len = jnp.where(is_decode, md.kv_len, 0)  # [B]
     shared = _shared_len(md, is_decode)  # [B]
@@ -248,7 +246,7 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
         prefix = shared_prefix_pass(qd, pool_keys(k_pool, v_pool), head_dim, md, shared,
                                     kv_len - 1, window)
     m, denom, acc = prefix
-    form = form or decode_form(num_kv_heads, group, b)
+    form = decode_form(num_kv_heads, group, b)
     block_diagonal = form == "block_diagonal"
     if block_diagonal:
         eye = jnp.eye(num_kv_heads, dtype=jnp.float32)[:, None, :, None]  # [Hkv, 1, Hkv, 1]
