@@ -55,6 +55,10 @@ def server_specs(parallel: int, base_port: int = 30100) -> dict[str, ServerSpec]
         "ours-w8a16-bf16kv": ServerSpec("ours-w8a16-bf16kv", (
             *ours, "--port", str(base_port + 7), "--quantization", "w8a16_int8",
             "--kv-cache-dtype", "bfloat16"), base_port + 7),
+        "ours-w8a16-bf16kv-det": ServerSpec("ours-w8a16-bf16kv-det", (
+            *ours, "--port", str(base_port + 9), "--quantization", "w8a16_int8",
+            "--kv-cache-dtype", "bfloat16", "--enable-deterministic-inference"),
+            base_port + 9),
         # decode requests ride along in prefill steps
         "ours-w8a8-mixed": ServerSpec("ours-w8a8-mixed", (
             *ours, "--port", str(base_port + 4), "--quantization", "w8a8_int8",

@@ -18,10 +18,11 @@ from radixjax.runtime.model_runner import ModelRunner, RunnerConfig
 N = 150  # the request's prompt
 
 
-def _runner(model, quantization: str, deterministic: bool) -> ModelRunner:
+def _runner(model, quantization: str, deterministic: bool,
+            kv_dtype: str = "float32") -> ModelRunner:
     return ModelRunner(model.cfg, model.params, RunnerConfig(
-        num_slots=1024, max_batch_tokens=256, max_running=4, max_context=512,
-        quantization=quantization, deterministic=deterministic))
+        num_slots=1024, max_batch_tokens=256, max_running=8, max_context=512,
+        quantization=quantization, deterministic=deterministic, kv_dtype=kv_dtype))
 
 
 def _logits(runner: ModelRunner, reqs: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
@@ -29,13 +30,15 @@ def _logits(runner: ModelRunner, reqs: list[tuple[np.ndarray, np.ndarray]]) -> n
                                          runner.buckets))
 
 
-@pytest.mark.parametrize("quantization", ["w8a16_int8", "w8a8_int8"])
-def test_a_request_is_the_same_bits_in_any_batch(smollm2, quantization: str) -> None:
+@pytest.mark.parametrize("quantization,kv_dtype", [
+    ("w8a16_int8", "float32"), ("w8a16_int8", "bfloat16"), ("w8a8_int8", "float32")])
+def test_a_request_is_the_same_bits_in_any_batch(smollm2, quantization: str,
+                                                 kv_dtype: str) -> None:
     rng = np.random.default_rng(0)
     p = rng.integers(3, 40000, N).astype(np.int32)
     other = rng.integers(3, 40000, 90).astype(np.int32)
     mine, theirs = np.arange(1, N + 2, dtype=np.int32), np.arange(400, 500, dtype=np.int32)
-    det = _runner(smollm2, quantization, deterministic=True)
+    det = _runner(smollm2, quantization, deterministic=True, kv_dtype=kv_dtype)
     alone = _logits(det, [(p, mine[:N])])  # [N, V]
     # behind another request, in a larger token bucket
     np.testing.assert_array_equal(_logits(det, [(other, theirs[:90]), (p, mine[:N])])[90:],
@@ -53,11 +56,18 @@ def test_a_request_is_the_same_bits_in_any_batch(smollm2, quantization: str) -> 
     one = _logits(det, [(nxt, mine[:N + 1])])
     many = _logits(det, [(np.array([5], np.int32), theirs[:91]), (nxt, mine[:N + 1]),
                          (np.array([9], np.int32), np.arange(600, 609, dtype=np.int32))])
-    again = _logits(det, [(nxt, mine[:N + 1]), (np.array([11], np.int32),
-                                                np.arange(700, 730, dtype=np.int32))])
+    again = _logits(det, [(nxt, mine[:N + 1]), (np.array([11], np.int32),  # more key blocks
+                                                np.arange(700, 1000, dtype=np.int32))])
     np.testing.assert_array_equal(many[1:2], one)
     np.testing.assert_array_equal(again[:1], one)
-    if quantization == "w8a16_int8":  # the default mode's numbers move with the packing
+    # among 8 decodes that share its first 140 keys (a radix-cache system prompt): the
+    # step's shared prefix, its whole key blocks gathered once for all
+    sharers = [(np.array([20 + i], np.int32),
+                np.concatenate([mine[:140], np.arange(800 + 20 * i, 805 + 20 * i + i,
+                                                      dtype=np.int32)])) for i in range(7)]
+    shared = _logits(det, [*sharers[:3], (nxt, mine[:N + 1]), *sharers[3:]])
+    np.testing.assert_array_equal(shared[3:4], one)
+    if kv_dtype == "float32" and quantization == "w8a16_int8":  # the default mode moves
         fast = _runner(smollm2, quantization, deterministic=False)
         a = _logits(fast, [(p, mine[:N])])
         b = _logits(fast, [(other, theirs[:90]), (p, mine[:N])])[90:]

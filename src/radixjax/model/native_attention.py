@@ -23,6 +23,10 @@ masked out), which read each request's keys past that prefix:
 
     out[t] = decode_out[token_req[t]] if q_len[token_req[t]] == 1 else extend_out[t]
 
+Deterministic inference (deterministic_attention) keeps the two paths but fixes every
+key block at multiples of DETERMINISTIC_BLOCK_K: extend through the per-request loop
+alone, decode batched in one form at every B, so no row's bits depend on its batch.
+
 `decode_attention` and `extend_attention` are also MLA's (model/mla.py): decode reads the
 latent pool as an MQA pool, extend takes a `KeySource` that expands each key block.
 """
@@ -47,6 +51,7 @@ from radixjax.model.attention import (
     to_pool,
     write_kv,
 )
+from radixjax.model.layers import row_sum
 
 # Decode reads B x block_k pool rows per loop step: about DECODE_BLOCK_ROWS of them, in
 # blocks of 32..256 keys (B = 1, 2: 256; 4: 128; 8: 64; 16 and up: 32). The blocks start
@@ -98,23 +103,28 @@ def decode_block_k(batch: int) -> int:
 
 
 def _softmax_update(carry: tuple, s: jax.Array,
-                    pv: Callable[[jax.Array], jax.Array]) -> tuple:
+                    pv: Callable[[jax.Array], jax.Array], fixed_order: bool = False) -> tuple:
     """One online-softmax step. s: scores [..., K] (masked entries = MASK_VALUE);
     carry (m [...], denom [...], acc [..., Dh]); pv: p [..., K] -> its product with the
-    block's values [..., Dh]."""
+    block's values [..., Dh]; fixed_order: the denominator's sum by halving (row_sum, the
+    same bits whatever s's leading shape) instead of XLA's reduction.
+    A block with every key masked leaves the carry as it was, exactly (p = 0, alpha = 1),
+    or, before any unmasked key, adds terms that the first real block multiplies by
+    alpha = 0: so where a loop's blocks start does not change a row's bits, while they
+    sit at the same positions."""
     m, denom, acc = carry
     m_new = jnp.maximum(m, s.max(axis=-1))
     alpha = jnp.exp(m - m_new)
     p = jnp.exp(s - m_new[..., None])
-    denom = denom * alpha + p.sum(axis=-1)
+    denom = denom * alpha + (row_sum(p)[..., 0] if fixed_order else p.sum(axis=-1))
     acc = acc * alpha[..., None] + pv(p)
     return m_new, denom, acc
 
 
 def _softmax_step(carry: tuple, s: jax.Array, v: jax.Array, pv: str,
-                  dot_dtype: jnp.dtype = jnp.float32) -> tuple:
+                  dot_dtype: jnp.dtype = jnp.float32, fixed_order: bool = False) -> tuple:
     """_softmax_update with pv the einsum `pv` of p and v (operands in dot_dtype)."""
-    return _softmax_update(carry, s, lambda p: einsum_in(dot_dtype, pv, p, v))
+    return _softmax_update(carry, s, lambda p: einsum_in(dot_dtype, pv, p, v), fixed_order)
 
 
 def gather_rows(pool: jax.Array, slots: jax.Array, flat: bool = False,
@@ -204,19 +214,21 @@ BLOCK_DIAGONAL_MAX_KV_HEADS = 4  # decode: one GEMM over all KV heads up to this
 MULTIPLY_SUM_MIN_BATCH, MULTIPLY_SUM_MAX_GROUP = 16, 4
 
 
-def decode_form(num_kv_heads: int, group: int, batch: int) -> str:
+def decode_form(num_kv_heads: int, group: int, batch: int, deterministic: bool = False) -> str:
     """How a decode step of `batch` requests scores each request's own keys:
     "multiply_sum" from MULTIPLY_SUM_MIN_BATCH requests (up to MULTIPLY_SUM_MAX_GROUP
-    query heads per KV head), else "block_diagonal" up to BLOCK_DIAGONAL_MAX_KV_HEADS KV
-    heads, else "per_head" (batched GEMMs per KV head)."""
-    if batch >= MULTIPLY_SUM_MIN_BATCH and group <= MULTIPLY_SUM_MAX_GROUP:
+    query heads per KV head; not in deterministic mode: one form at every B), else
+    "block_diagonal" up to BLOCK_DIAGONAL_MAX_KV_HEADS KV heads, else "per_head"
+    (batched GEMMs per KV head)."""
+    if batch >= MULTIPLY_SUM_MIN_BATCH and group <= MULTIPLY_SUM_MAX_GROUP \
+            and not deterministic:
         return "multiply_sum"
     return "block_diagonal" if num_kv_heads <= BLOCK_DIAGONAL_MAX_KV_HEADS else "per_head"
 
 
 def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
                      md: AttentionMetadata, window: int | None,
-                     prefix: tuple | None = None) -> jax.Array:
+                     prefix: tuple | None = None, deterministic: bool = False) -> jax.Array:
     """q [T, Hq, Dh] (scaled) -> [B, Hq, Dh]: each q_len == 1 request's one token over
     its keys: the shared prefix's once for all (shared_prefix_pass; prefix: its carry
     for each request's token, [B, Hkv, G(, Dh)], if the caller ran it), then each
@@ -232,21 +244,30 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
     -> 79 ms a SmolLM2 w8a8 step),
     [Hq, Hkv*Dh] x [Hkv*Dh, BK] and back; the Hkv-fold wasted products cost less than
     XLA's CPU dot over tiny per-head batches (SmolLM2, Hkv = 3: 2.5x faster per layer at
-    4k keys, benchmarks/README.md). Otherwise batched GEMMs per KV head."""
+    4k keys, benchmarks/README.md). Otherwise batched GEMMs per KV head.
+
+    deterministic (deterministic_attention; md without a shared prefix): a row's bits do
+    not depend on B or its batch-mates: blocks of DETERMINISTIC_BLOCK_K keys at multiples
+    of it (the loop starts at the block holding the batch's earliest own key: the blocks
+    before it are masked for every row, see _softmax_update), one form at every B, the
+    denominators summed by halving. XLA's batched GEMMs give a row the same bits at any B
+    (tests/model/test_deterministic.py)."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
     group = num_q_heads // num_kv_heads
     b = md.q_len.shape[0]
-    block_k = decode_block_k(b)
+    block_k = DETERMINISTIC_BLOCK_K if deterministic else decode_block_k(b)
     is_decode = md.q_len == 1
     kv_len = jnp.where(is_decode, md.kv_len, 0)  # [B]
     shared = _shared_len(md, is_decode)  # [B]
     qd = q[jnp.clip(md.q_start, 0, num_tokens - 1)].reshape(b, num_kv_heads, group, head_dim)
-    if prefix is None:
+    if deterministic:  # its own shared blocks below
+        prefix = _init((b, num_kv_heads, group), head_dim)
+    elif prefix is None:
         prefix = shared_prefix_pass(qd, pool_keys(k_pool, v_pool), head_dim, md, shared,
                                     kv_len - 1, window)
     m, denom, acc = prefix
-    form = decode_form(num_kv_heads, group, b)
+    form = decode_form(num_kv_heads, group, b, deterministic)
     block_diagonal = form == "block_diagonal"
     if block_diagonal:
         eye = jnp.eye(num_kv_heads, dtype=jnp.float32)[:, None, :, None]  # [Hkv, 1, Hkv, 1]
@@ -257,12 +278,35 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
         acc = (eye * acc[:, :, :, None, :]).reshape(b, num_q_heads, width)
         m, denom = m.reshape(b, num_q_heads), denom.reshape(b, num_q_heads)
 
-    # each request's first own key (past its shared prefix and its window's start); the
-    # blocks start at the earliest of them, not at a multiple of block_k
-    first = shared if window is None else jnp.maximum(shared, kv_len - window)
-    start = jnp.min(jnp.where(is_decode, first, jnp.iinfo(jnp.int32).max))
-    start = jnp.minimum(start, jnp.max(kv_len))
     table_width = md.req_to_token.shape[1]
+
+    def gather(slots: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """slots [..., BK] -> k, v [..., BK, Hkv * Dh] (block-diagonal; else [.., Hkv, Dh])"""
+        if block_diagonal:
+            return tuple(gather_rows(x, slots, flat=True, keep_bf16=True)
+                         for x in (k_pool, v_pool))
+        # (multiply-and-sum in f32; the GEMM forms take bf16 rows)
+        return tuple(gather_rows(x, slots, keep_bf16=form != "multiply_sum")
+                     for x in (k_pool, v_pool))
+
+    def attend(carry: tuple, k: jax.Array, v: jax.Array, valid: jax.Array) -> tuple:
+        """One block: k, v [B, BK, ..] (gather's; or [BK, ..], the same keys for every
+        request: one GEMM over all B), valid [B, BK]."""
+        b_ = "b" if k.ndim == 3 + (not block_diagonal) else ""
+        if block_diagonal:
+            s = einsum_in(k.dtype, f"bqc,{b_}kc->bqk", qbd, k)  # [B, Hq, BK]
+            s = jnp.where(valid[:, None, :], s, MASK_VALUE)
+            return _softmax_step(carry, s, v, f"bqk,{b_}kc->bqc", k.dtype,  # [B, Hq, Hkv * Dh]
+                                 deterministic)
+        if form == "multiply_sum":
+            s = jnp.sum(qd[:, None] * k[:, :, :, None, :], axis=-1)  # [B, BK, Hkv, G]
+            s = jnp.where(valid[:, :, None, None], s, MASK_VALUE).transpose(0, 2, 3, 1)
+            # p [B, Hkv, G, BK] -> [B, Hkv, G, Dh]
+            return _softmax_update(carry, s, lambda p: jnp.sum(
+                p.transpose(0, 3, 1, 2)[..., None] * v[:, :, :, None, :], axis=1))
+        s = einsum_in(k.dtype, f"bhgd,{b_}khd->bhgk", qd, k)  # [B, Hkv, G, BK]
+        s = jnp.where(valid[:, None, None, :], s, MASK_VALUE)
+        return _softmax_step(carry, s, v, f"bhgk,{b_}khd->bhgd", k.dtype, deterministic)
 
     def body(j: jax.Array, carry: tuple) -> tuple:
         cols = start + j * block_k + jnp.arange(block_k, dtype=jnp.int32)  # [BK]
@@ -271,29 +315,47 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
         valid = (cols[None, :] >= shared[:, None]) & (cols[None, :] < kv_len[:, None])
         if window is not None:
             valid &= cols[None, :] >= kv_len[:, None] - window
-        if block_diagonal:
-            k, v = (gather_rows(x, slots, flat=True, keep_bf16=True) for x in (k_pool, v_pool))
-            s = einsum_in(k.dtype, "bqc,bkc->bqk", qbd, k)  # [B, Hq, BK]
-            s = jnp.where(valid[:, None, :], s, MASK_VALUE)
-            return _softmax_step(carry, s, v, "bqk,bkc->bqc", k.dtype)  # [B, Hq, Hkv * Dh]
-        multiply_sum = form == "multiply_sum"  # (in f32; the GEMM forms take bf16 rows)
-        k, v = (gather_rows(x, slots, keep_bf16=not multiply_sum) for x in (k_pool, v_pool))
-        if multiply_sum:
-            s = jnp.sum(qd[:, None] * k[:, :, :, None, :], axis=-1)  # [B, BK, Hkv, G]
-            s = jnp.where(valid[:, :, None, None], s, MASK_VALUE).transpose(0, 2, 3, 1)
-            # p [B, Hkv, G, BK] -> [B, Hkv, G, Dh]
-            return _softmax_update(carry, s, lambda p: jnp.sum(
-                p.transpose(0, 3, 1, 2)[..., None] * v[:, :, :, None, :], axis=1))
-        s = einsum_in(k.dtype, "bhgd,bkhd->bhgk", qd, k)  # [B, Hkv, G, BK]
-        s = jnp.where(valid[:, None, None, :], s, MASK_VALUE)
-        return _softmax_step(carry, s, v, "bhgk,bkhd->bhgd", k.dtype)
+        return attend(carry, *gather(slots), valid)
 
+    if deterministic and md.shared_len is not None:
+        m, denom, acc, shared = _deterministic_shared_blocks(
+            (m, denom, acc), md, shared, kv_len, window, block_k, gather, attend)
+    # each request's first own key (past its shared prefix and its window's start); the
+    # blocks start at the earliest of them, not at a multiple of block_k
+    first = shared if window is None else jnp.maximum(shared, kv_len - window)
+    start = jnp.min(jnp.where(is_decode, first, jnp.iinfo(jnp.int32).max))
+    start = jnp.minimum(start, jnp.max(kv_len))
+    if deterministic:
+        start = start // block_k * block_k
     steps = (jnp.max(kv_len) - start + block_k - 1) // block_k
     out = _finish(lax.fori_loop(0, steps, body, (m, denom, acc)))
     if block_diagonal:
         out = out.reshape(b, num_kv_heads, group, num_kv_heads, head_dim)
         out = (out * eye).sum(axis=3)  # own head's block
     return out.reshape(b, num_q_heads, head_dim)
+
+
+def _deterministic_shared_blocks(carry: tuple, md: AttentionMetadata, shared: jax.Array,
+                                 kv_len: jax.Array, window: int | None, block_k: int,
+                                 gather: Callable, attend: Callable) -> tuple:
+    """Deterministic decode's part of the step's shared prefix: its whole blocks of
+    block_k keys, each gathered once from one sharer's row, its products one GEMM over
+    every request's rows (rows without the prefix masked) -> (m, denom, acc, each
+    request's keys left to read from: the first key past its whole shared blocks [B]).
+    XLA's CPU GEMM gives a row the same bits as the batched product of the request's
+    own blocks (tests/model/test_deterministic.py)."""
+    whole = shared // block_k * block_k  # [B]
+    row = md.req_row[jnp.argmax(whole)]  # every sharer's row holds the prefix
+
+    def body(j: jax.Array, carry: tuple) -> tuple:
+        cols = j * block_k + jnp.arange(block_k, dtype=jnp.int32)  # [BK]
+        k, v = gather(md.req_to_token[row, cols] + md.layer_base)  # [BK, ..]
+        valid = cols[None, :] < whole[:, None]  # [B, BK]
+        if window is not None:
+            valid &= cols[None, :] >= kv_len[:, None] - window
+        return attend(carry, k, v, valid)
+
+    return (*lax.fori_loop(0, jnp.max(whole) // block_k, body, carry), whole)
 
 
 def extend_attention(q: jax.Array, keys: KeySource, num_kv_heads: int, v_dim: int,
@@ -428,30 +490,30 @@ def deterministic_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
                             md: AttentionMetadata, window: int | None) -> jax.Array:
     """q [T, Hq, Dh] (scaled; the step's K/V already in the pool) -> [T, Hq, Dv], each
     token's keys reduced in an order set by its request's positions alone (SGLang's
-    deterministic inference, vLLM's batch invariance): every key read from the pool in
-    blocks of DETERMINISTIC_BLOCK_K at multiples of it from position 0, merged in order,
-    by extend_attention's per-request loop, whose body has the same shapes in every
-    program. No shared-prefix pass and no triangle over the packed axis (their blocks
-    move with the request's place in the step); decode requests go through the same loop
-    with tiles of one query (the batched decode forms, even a multiply-and-sum, round a
-    row differently at another B). With the rest of the step's batch-invariant parts
-    (layers.row_sum in RMSNorm, layers.exact_products_sum in RoPE, w8a16 / W8A8's
-    integer products) a prompt's numbers are the same bits alone or batched, in any
-    token bucket, chunked or not, its prefix cached or not, and a decode token's
-    whatever its batch (tests/model/test_deterministic.py). A 1-token extend is a decode
-    here too; a token's bits as a decode and inside a prompt differ (tiles of 1 and of
-    EXTEND_BLOCK_Q queries), so a re-prefilled answer (a retraction, a later turn whose
-    history is not cached) may continue differently."""
-    md = md._replace(shared_len=None)
+    deterministic inference, vLLM's batch invariance): every key in blocks of
+    DETERMINISTIC_BLOCK_K at multiples of it from position 0, merged in order.
+    Prompts (q_len > 1) go through extend_attention's per-request loop over the pool,
+    whose body has the same shapes in every program: no shared-prefix pass and no
+    triangle over the packed axis (their blocks move with the request's place in the
+    step). Decode tokens go through decode_attention's batched loop in its deterministic
+    form (one form and block size at every B, denominators summed by halving; the
+    whole blocks of a shared prefix gathered once, one GEMM for all). With the rest of
+    the step's batch-invariant parts (layers.row_sum in RMSNorm, layers.exact_products_sum
+    in RoPE, w8a16 / W8A8's integer products) a prompt's numbers are the same bits alone
+    or batched, in any token bucket, chunked or not, its prefix cached or not, and a
+    decode token's whatever its batch and whether its batch shares a prefix (tests/model/test_deterministic.py). A 1-token extend is a
+    decode here too; a token's bits as a decode and inside a prompt differ (other
+    products), so a re-prefilled answer (a retraction, a later turn whose history is not
+    cached) may continue differently."""
     num_kv_heads = k_pool.shape[1]
     keys = pool_keys(k_pool, v_pool)
     dot_dtype = jnp.bfloat16 if k_pool.dtype == BF16_BITS else jnp.float32
-
-    def attend(md: AttentionMetadata, block_q: int) -> jax.Array:
-        return extend_attention(q, keys, num_kv_heads, v_pool.shape[2], md, window, block_q,
-                                DETERMINISTIC_BLOCK_K, min_q_len=1, dot_dtype=dot_dtype)
-
     is_decode = md.q_len == 1
-    dec = attend(md._replace(q_len=jnp.where(is_decode, 1, 0)), 1)
-    ext = attend(md._replace(q_len=jnp.where(is_decode, 0, md.q_len)), EXTEND_BLOCK_Q)
-    return jnp.where(is_decode[md.token_req][:, None, None], dec, ext)
+    dec = decode_attention(q, k_pool, v_pool, sharing(md), window,
+                           deterministic=True)  # [B, Hq, Dv]
+    ext = extend_attention(q, keys, num_kv_heads, v_pool.shape[2],
+                           md._replace(q_len=jnp.where(is_decode, 0, md.q_len),
+                                       shared_len=None),
+                           window, EXTEND_BLOCK_Q, DETERMINISTIC_BLOCK_K, min_q_len=1,
+                           dot_dtype=dot_dtype)
+    return jnp.where(is_decode[md.token_req][:, None, None], dec[md.token_req], ext)
