@@ -501,10 +501,11 @@ def deterministic_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
     the step's batch-invariant parts (layers.row_sum in RMSNorm, layers.exact_products_sum
     in RoPE, w8a16 / W8A8's integer products) a prompt's numbers are the same bits alone
     or batched, in any token bucket, chunked or not, its prefix cached or not, and a
-    decode token's whatever its batch and whether its batch shares a prefix (tests/model/test_deterministic.py). A 1-token extend is a
-    decode here too; a token's bits as a decode and inside a prompt differ (other
-    products), so a re-prefilled answer (a retraction, a later turn whose history is not
-    cached) may continue differently."""
+    decode token's whatever its batch and whether its batch shares a prefix
+    (tests/model/test_deterministic.py). A 1-token extend is a decode here too; a
+    token's bits as a decode and inside a prompt differ (other products), so a
+    re-prefilled answer (a retraction, a later turn whose history is not cached) may
+    continue differently."""
     num_kv_heads = k_pool.shape[1]
     keys = pool_keys(k_pool, v_pool)
     dot_dtype = jnp.bfloat16 if k_pool.dtype == BF16_BITS else jnp.float32
