@@ -2,7 +2,7 @@
 system prompts (chunked prefill, then cache hits), sent 16 at a time, each against the
 same request sent alone after a cache flush (as on a fresh server).
 
-    make serve &        # or: python -m radixjax.launch_server --quantization w8a16_int8
+    make serve &        # the default form; or python -m radixjax.launch_server [options]
     .venv/bin/python benchmarks/batch_invariance.py [--base-url URL] [--concurrency 16]
 
 The system prompts are sections of the Python Language Reference (`pydoc_data.topics`,

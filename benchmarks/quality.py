@@ -4,7 +4,7 @@ transformers' float32 and llama.cpp's own `llama-perplexity` on the same GGUF, a
 agreement with our float32 over a set of chat prompts.
 
     .venv/bin/python benchmarks/quality.py [--chunks 8] [--no-hf] [--no-llama]
-        [--configs f32,w8a8+bf16kv,w8a8,w8a16,w8a16+bf16kv] [--greedy-tokens 48]
+        [--configs f32,default,w8a8+bf16kv,w8a8,w8a16,w8a16+bf16kv] [--greedy-tokens 48]
 
 Protocol (llama.cpp's tools/perplexity): the text is tokenized whole, cut into windows of
 N_CTX = 512 tokens (the first `--chunks` of them; a window's first token is BOS where the
@@ -43,12 +43,15 @@ N_CTX = 512
 PYREF_SECTIONS = ("assignment", "class", "exprlists", "for", "function", "import", "try",
                   "with", "if", "while", "compound", "execmodel", "naming")
 # name: (dtype, kv_dtype, quantization)
+# name -> (weight dtype, KV dtype, quantization, deterministic inference); "default" is
+# what EngineConfig() resolves to on this machine (engine/config.py serving_form)
 CONFIGS = {
-    "f32": ("float32", "float32", "none"),
-    "w8a8+bf16kv": ("float32", "bfloat16", "w8a8_int8"),
-    "w8a8": ("float32", "float32", "w8a8_int8"),
-    "w8a16": ("float32", "float32", "w8a16_int8"),
-    "w8a16+bf16kv": ("float32", "bfloat16", "w8a16_int8"),
+    "f32": ("float32", "float32", "none", False),
+    "default": None,
+    "w8a8+bf16kv": ("float32", "bfloat16", "w8a8_int8", False),
+    "w8a8": ("float32", "float32", "w8a8_int8", False),
+    "w8a16": ("float32", "float32", "w8a16_int8", False),
+    "w8a16+bf16kv": ("float32", "bfloat16", "w8a16_int8", False),
 }
 GREEDY_PROMPTS = (
     "What is the capital of France?",
@@ -100,14 +103,24 @@ def window_nll(logits: np.ndarray, w: np.ndarray) -> np.ndarray:
     return logz - x[np.arange(len(x)), w[first + 1:]]
 
 
+def default_form() -> tuple[str, str, str, bool]:
+    """The default serving form here: EngineConfig()'s, resolved on JAX's backend."""
+    import jax
+
+    from radixjax.engine.config import EngineConfig, serving_form
+
+    form = serving_form(EngineConfig(), jax.default_backend())
+    return EngineConfig().dtype, form.kv_dtype, form.quantization, form.deterministic
+
+
 def ours(model, name: str, wins: dict[str, list[np.ndarray]]) -> tuple[dict, object]:
     from radixjax.runtime.batch import RequestSlice, build_batch
     from radixjax.runtime.model_runner import ModelRunner, RunnerConfig
 
-    dtype, kv, quant = CONFIGS[name]
+    dtype, kv, quant, det = CONFIGS[name] or default_form()
     runner = ModelRunner(model.cfg, model.params, RunnerConfig(
         num_slots=2048, max_batch_tokens=N_CTX, max_running=4, max_context=1024,
-        kv_dtype=kv, quantization=quant))
+        kv_dtype=kv, quantization=quant, deterministic=det))
     slots = np.arange(1, N_CTX + 1, dtype=np.int32)
     res = {}
     for text, ws in wins.items():

@@ -1,5 +1,5 @@
-"""The servers the comparison starts, one at a time, on loopback: ours (also with
-`--quantization w8a8_int8` or `w8a16_int8`), llama.cpp's llama-server, and the HF
+"""The servers the comparison starts, one at a time, on loopback: ours (its default
+form, float32, and the other forms by name), llama.cpp's llama-server, and the HF
 transformers baseline, all on the same SmolLM2 GGUF."""
 
 from __future__ import annotations
@@ -39,29 +39,38 @@ def server_specs(parallel: int, base_port: int = 30100) -> dict[str, ServerSpec]
     ours = (py, "-m", "radixjax.launch_server", "--host", "127.0.0.1", "--max-running",
             str(max(parallel, 16)))
     return {
+        # the default form (EngineConfig's "auto": w8a16_int8, bf16 KV, deterministic)
         "ours": ServerSpec("ours", (*ours, "--port", str(base_port)), base_port),
-        "ours-w8a8": ServerSpec("ours-w8a8", (*ours, "--port", str(base_port + 3),
-                                              "--quantization", "w8a8_int8"), base_port + 3),
+        # float32 throughout, one flag away (deterministic, as by default)
+        "ours-f32": ServerSpec("ours-f32", (*ours, "--port", str(base_port + 10),
+                                            "--quantization", "none"), base_port + 10),
+        # the forms below name every choice that the default would make otherwise
+        "ours-w8a8": ServerSpec("ours-w8a8", (
+            *ours, "--port", str(base_port + 3), "--quantization", "w8a8_int8",
+            "--kv-cache-dtype", "float32", "--disable-deterministic-inference"),
+            base_port + 3),
         # and a bf16 KV pool (half the bytes attention reads)
         "ours-w8a8-bf16kv": ServerSpec("ours-w8a8-bf16kv", (
             *ours, "--port", str(base_port + 5), "--quantization", "w8a8_int8",
-            "--kv-cache-dtype", "bfloat16"), base_port + 5),
+            "--kv-cache-dtype", "bfloat16", "--disable-deterministic-inference"),
+            base_port + 5),
         # the activations as two int8 parts (perplexity within 0.5 % of f32), f32 KV
-        "ours-w8a16": ServerSpec("ours-w8a16", (*ours, "--port", str(base_port + 6),
-                                                "--quantization", "w8a16_int8"), base_port + 6),
+        "ours-w8a16": ServerSpec("ours-w8a16", (
+            *ours, "--port", str(base_port + 6), "--quantization", "w8a16_int8",
+            "--kv-cache-dtype", "float32", "--disable-deterministic-inference"),
+            base_port + 6),
         "ours-w8a16-det": ServerSpec("ours-w8a16-det", (
             *ours, "--port", str(base_port + 8), "--quantization", "w8a16_int8",
-            "--enable-deterministic-inference"), base_port + 8),
+            "--kv-cache-dtype", "float32", "--enable-deterministic-inference"),
+            base_port + 8),
         "ours-w8a16-bf16kv": ServerSpec("ours-w8a16-bf16kv", (
             *ours, "--port", str(base_port + 7), "--quantization", "w8a16_int8",
-            "--kv-cache-dtype", "bfloat16"), base_port + 7),
-        "ours-w8a16-bf16kv-det": ServerSpec("ours-w8a16-bf16kv-det", (
-            *ours, "--port", str(base_port + 9), "--quantization", "w8a16_int8",
-            "--kv-cache-dtype", "bfloat16", "--enable-deterministic-inference"),
-            base_port + 9),
+            "--kv-cache-dtype", "bfloat16", "--disable-deterministic-inference"),
+            base_port + 7),
         # decode requests ride along in prefill steps
         "ours-w8a8-mixed": ServerSpec("ours-w8a8-mixed", (
             *ours, "--port", str(base_port + 4), "--quantization", "w8a8_int8",
+            "--kv-cache-dtype", "float32", "--disable-deterministic-inference",
             "--enable-mixed"), base_port + 4),
         "llama.cpp": ServerSpec("llama.cpp", ("bash", str(PEERS / "start_llama_server.sh"),
                                               "--port", str(base_port + 1), "--parallel",

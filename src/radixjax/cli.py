@@ -7,6 +7,9 @@ import argparse
 import sys
 import time
 
+import jax
+
+from radixjax.engine.config import QUANTIZATIONS, EngineConfig, serving_form
 from radixjax.loaders import ModelNotFoundError, load_model
 from radixjax.model.config import UnsupportedModelError
 from radixjax.parallel.mesh import MeshConfigError
@@ -33,6 +36,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                    help="weight dtype (float32 measured fastest on CPU; benchmarks/README.md)")
+    p.add_argument("--quantization", choices=("auto", *QUANTIZATIONS), default="auto",
+                   help="as the server's (auto: w8a16_int8 + bfloat16 KV on one CPU "
+                        "device; none: float32 throughout)")
     p.add_argument("--tp", type=int, default=1,
                    help="tensor-parallel devices (0: every visible device; docs/sharding.md)")
     p.add_argument("--ep", type=int, default=1,
@@ -66,9 +72,12 @@ def run(args: argparse.Namespace) -> int:
     sp = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature,
                         top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
     context = 1 << max(8, (len(ids) + args.max_tokens - 1).bit_length())
+    form = serving_form(EngineConfig(dtype=args.dtype, quantization=args.quantization,
+                                     tp=args.tp, ep=args.ep), jax.default_backend())
     runner = ModelRunner(m.cfg, m.params, RunnerConfig(
         num_slots=context + 1, max_batch_tokens=context, max_running=1, max_context=context,
-        kv_dtype=args.dtype), layout)
+        kv_dtype=form.kv_dtype, quantization=form.quantization,
+        deterministic=form.deterministic), layout)
     print(f"[loaded {m.source} in {time.perf_counter() - t0:.1f}s]", file=sys.stderr)
     out: list[int] = []
     printed = ""

@@ -58,21 +58,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="decode requests ride along in prefill steps")
     g = p.add_argument_group("model")
     g.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="weight dtype, and the KV dtype unless --kv-cache-dtype (float32 "
-                        "is faster on CPU)")
+                   help="weight dtype, and the KV dtype of unquantized weights unless "
+                        "--kv-cache-dtype (float32 is faster on CPU)")
     g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
-                   help="KV pool dtype (auto: --dtype); bfloat16 halves the pool and the "
-                        "bytes attention reads")
-    g.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
-                   help="w8a8_int8: int8 layer weights and per-token int8 activations "
-                        "(one device; perplexity +3.7 %% against float32); w8a16_int8: "
-                        "the same weights, activations as two int8 parts (perplexity "
-                        "+0.45 %%, prefill ~0.7x W8A8's speed; benchmarks/README.md)")
+                   help="KV pool dtype (auto: bfloat16 beside int8 layer products, else "
+                        "--dtype); bfloat16 halves the pool and the bytes attention reads")
+    g.add_argument("--quantization", choices=("auto", *QUANTIZATIONS), default="auto",
+                   help="auto (the default): w8a16_int8 on one CPU device, else none; "
+                        "none: float32 throughout, its KV too (the reference); "
+                        "w8a16_int8: int8 layer "
+                        "weights, activations as two int8 parts (perplexity +0.5 %% "
+                        "against float32); w8a8_int8: per-token int8 activations "
+                        "(faster prefill, perplexity +3.7 %%; benchmarks/README.md)")
     g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
                    help="auto: the Pallas kernels on a GPU, the jnp gather backend elsewhere")
-    g.add_argument("--enable-deterministic-inference", action="store_true",
+    g.add_argument("--enable-deterministic-inference", action="store_true", default=None,
                    help="a request's answer does not depend on its batch, chunking or "
-                        "cache hits (attention in one order per request; slower steps)")
+                        "cache hits (attention in one order per request); the default "
+                        "wherever the native attention backend runs")
+    g.add_argument("--disable-deterministic-inference", action="store_false",
+                   dest="enable_deterministic_inference",
+                   help="attention free to reorder with the batch (a shared-prefix pass "
+                        "for prompts, faster prefill on shared prefixes)")
     g.add_argument("--no-warmup", action="store_true",
                    help="skip compiling the step buckets at start-up")
     g.add_argument("--default-max-tokens", type=int, default=256,

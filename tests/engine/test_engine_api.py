@@ -139,10 +139,12 @@ def test_bad_sampling_and_config_raise(engine) -> None:
         Engine(params={}, model_config=None, policy="random")
     with pytest.raises(EngineConfigError, match="kv_cache_dtype"):
         Engine(params={}, model_config=None, kv_cache_dtype="fp8_e5m2")
-    # the KV dtype: the weights' unless given (SGLang's --kv-cache-dtype auto)
+    # the KV dtype: bf16 beside int8 products, else the weights' unless given
     assert runner_config_for(EngineConfig(dtype="bfloat16")).kv_dtype == "bfloat16"
-    assert runner_config_for(EngineConfig(kv_cache_dtype="bfloat16")).kv_dtype == "bfloat16"
-    assert runner_config_for(EngineConfig()).kv_dtype == "float32"
+    assert runner_config_for(EngineConfig(kv_cache_dtype="bfloat16",
+                                          quantization="none")).kv_dtype == "bfloat16"
+    assert runner_config_for(EngineConfig(quantization="none")).kv_dtype == "float32"
+    assert runner_config_for(EngineConfig()).kv_dtype == "bfloat16"
     with pytest.raises(RequestError):
         engine.generate("text needs a tokenizer", GREEDY)
 
@@ -204,14 +206,17 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 def test_prompt_logprobs_equal_full_logits_across_chunks_and_cache(tiny, engine) -> None:
     """Scored prompt positions (chunked prefill of 64 + 16, part of the prompt cached by
-    an earlier request) equal log-softmax of the logits path over the whole prompt."""
+    an earlier request) equal log-softmax of the logits path over the whole prompt (in
+    the engine's form: the default's w8a16 products, bf16 KV, deterministic attention)."""
     from radixjax.runtime.batch import RequestSlice, build_batch
     from tests.model.harness import tiny_runner
 
     _, m = tiny
     ids = prompt(11, 80)
+    form = engine.runner.config
     runner = tiny_runner(m.cfg, m.params, num_slots=128, max_batch_tokens=128,
-                         max_context=96)
+                         max_context=96, quantization=form.quantization,
+                         kv_dtype=form.kv_dtype, deterministic=form.deterministic)
     logits = runner.all_logits(build_batch(
         [RequestSlice(np.array(ids, np.int32), np.arange(1, 81, dtype=np.int32))],
         runner.buckets))

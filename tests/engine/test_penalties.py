@@ -14,8 +14,9 @@ from tests.model.harness import tiny_runner
 from tests.tiny_models import FAST_COMPILE
 
 FREQ, PRES, N = 0.7, 0.9, 10
+# float32, as the reference's runner (the penalties are what is compared)
 BASE = dict(num_slots=1024, max_running=4, max_context=96, max_prefill_tokens=64,
-            chunk_size=64, xla_options=FAST_COMPILE)
+            chunk_size=64, xla_options=FAST_COMPILE, quantization="none")
 
 
 def reference(m, prompt: list[int], freq: float, pres: float) -> list[int]:

@@ -91,9 +91,10 @@ def test_any_json_regex_and_ebnf(engine, smollm2) -> None:
     sps = [greedy(**kw) for _, kw, _ in cases] + [sampled(7, **kw) for _, kw, _ in cases]
     outs = engine.generate(prompts, sps)
     for (_, _, rx), sp, out in zip(cases * 2, sps, outs, strict=True):
-        if rx is None and sp.temperature > 0 and out.finish_reason == "length":
-            # any JSON, sampled: the model may wander on (a long string, a deep array)
-            # until max_new_tokens; every token it took must still be grammatical
+        if rx is None and out.finish_reason == "length":
+            # any JSON: the model may wander on (a long string, a deep array) until
+            # max_new_tokens (the default form's greedy answer runs a long string of
+            # digits); every token it took must still be grammatical
             assert grammatical_prefix(engine, smollm2, sp, out.token_ids), out.text
             continue
         assert out.finish_reason == "stop", out.text

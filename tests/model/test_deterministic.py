@@ -80,6 +80,7 @@ def test_the_flag_reaches_the_runner_on_the_native_backend_only() -> None:
     from radixjax.engine.engine import runner_config_for
 
     assert runner_config_for(EngineConfig(enable_deterministic_inference=True)).deterministic
-    assert not runner_config_for(EngineConfig()).deterministic
+    assert runner_config_for(EngineConfig()).deterministic  # the default on the CPU
+    assert not runner_config_for(EngineConfig(enable_deterministic_inference=False)).deterministic
     with pytest.raises(EngineConfigError, match="native attention backend"):
         EngineConfig(enable_deterministic_inference=True, attention_backend="pallas")

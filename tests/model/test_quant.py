@@ -180,8 +180,30 @@ def test_int8_head_rows_and_gemm(family: str, tiny_model_dir) -> None:
 
 def test_quantization_option_reaches_the_runner_on_one_device_only() -> None:
     assert runner_config_for(EngineConfig(quantization="w8a8_int8")).quantization == "w8a8_int8"
-    assert runner_config_for(EngineConfig()).quantization == "none"
+    assert runner_config_for(EngineConfig(quantization="none")).quantization == "none"
     with pytest.raises(EngineConfigError, match="one device"):
         EngineConfig(quantization="w8a8_int8", tp=2)
-    with pytest.raises(EngineConfigError, match="quantization must be one of"):
+    with pytest.raises(EngineConfigError, match="quantization must be auto or one of"):
         EngineConfig(quantization="fp8")
+
+
+def test_the_default_form_is_w8a16_with_a_bf16_pool_and_deterministic_on_one_cpu() -> None:
+    from radixjax.engine.config import ServingForm, serving_form
+
+    assert runner_config_for(EngineConfig()).quantization == "w8a16_int8"  # tests: cpu
+    assert serving_form(EngineConfig(), "cpu") == ServingForm("w8a16_int8", "bfloat16", True)
+    # float32 one option away, its KV too; deterministic stays on unless disabled
+    assert serving_form(EngineConfig(quantization="none"), "cpu") == \
+        ServingForm("none", "float32", True)
+    assert serving_form(EngineConfig(enable_deterministic_inference=False), "cpu") == \
+        ServingForm("w8a16_int8", "bfloat16", False)
+    assert serving_form(EngineConfig(quantization="w8a8_int8", kv_cache_dtype="float32"),
+                        "cpu") == ServingForm("w8a8_int8", "float32", True)
+    # where it cannot run: several devices, bf16 weights, a GPU (Pallas attention)
+    assert serving_form(EngineConfig(tp=2), "cpu") == ServingForm("none", "float32", True)
+    assert serving_form(EngineConfig(dtype="bfloat16"), "cpu") == \
+        ServingForm("none", "bfloat16", True)
+    assert serving_form(EngineConfig(), "gpu") == ServingForm("none", "float32", False)
+    assert serving_form(EngineConfig(attention_backend="native"), "gpu").deterministic
+    # MLA models (no deterministic form of their attention): float32
+    assert serving_form(EngineConfig(), "cpu", mla=True) == ServingForm("none", "float32", False)

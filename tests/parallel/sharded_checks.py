@@ -150,9 +150,10 @@ def engine_outputs(root: Path, fam: str, layouts, in_memory: tuple[int, int]) ->
     from radixjax import Engine, SamplingParams
 
     # warmup=False: only the programs these few steps use (what is compared here is the
-    # output across layouts; the warm-up itself is tested single-device)
+    # output across layouts; the warm-up itself is tested single-device); float32 on
+    # every layout (one device would default to w8a16_int8, several devices cannot)
     kw = dict(num_slots=256, max_running=4, max_context=64, max_prefill_tokens=32,
-              chunk_size=16, warmup=False)
+              chunk_size=16, warmup=False, quantization="none")
     sp = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
     # seeded sampling too: the sampler's sort / top-k / top-p over vocab-split logits
     sampled = SamplingParams(max_new_tokens=6, temperature=0.8, top_k=20, top_p=0.9, seed=3,
@@ -195,7 +196,7 @@ def dp_attention_paths(root: Path) -> dict:
     from radixjax.engine.scheduler import EngineError
 
     kw = dict(num_slots=256, max_running=4, max_context=64, max_prefill_tokens=32,
-              chunk_size=16, warmup=False)
+              chunk_size=16, warmup=False, quantization="none")  # as with DP attention
     sp = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
     rng = np.random.default_rng(7)
     shared = list(rng.integers(3, 200, 10))

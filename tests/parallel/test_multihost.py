@@ -26,10 +26,12 @@ pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[2]
 # Small buckets (T = 1 .. 16: five step programs), so rank 1 compiles little.
+# float32 on both sides (several devices have no int8 form; one would default to it)
 CONFIG = dict(num_slots=2048, max_running=4, max_context=256, max_prefill_tokens=16,
-              chunk_size=16, xla_options=FAST_COMPILE)
+              chunk_size=16, xla_options=FAST_COMPILE, quantization="none")
 FLAGS = ["--num-slots", "2048", "--max-running", "4", "--context-length", "256",
-         "--max-prefill-tokens", "16", "--chunk-size", "16", "--dist-timeout", "5"]
+         "--max-prefill-tokens", "16", "--chunk-size", "16", "--dist-timeout", "5",
+         "--quantization", "none"]
 # Prompts with shared prefixes (radix hits), short and long (chunked prefill).
 PROMPTS = [f"Rule {i % 3}: be brief. " * (1 + i % 4) + f"Question {i}?" for i in range(12)]
 SEEDED = [{"temperature": 1.0, "top_p": 0.9, "seed": 10 + i} for i in range(4)]

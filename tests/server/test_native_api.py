@@ -146,7 +146,7 @@ def test_bad_native_requests_are_400(server, body, needle) -> None:
 
 
 def test_skip_special_tokens(server) -> None:
-    chat = "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\nHello!"
+    chat = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
     sp = {"max_new_tokens": 64, "temperature": 0}
     plain = generate(server, text=chat, sampling_params=sp)
     raw = generate(server, text=chat, sampling_params=dict(sp, skip_special_tokens=False))

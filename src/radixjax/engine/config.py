@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 POLICIES = ("lpm", "dfs-weight", "fcfs")
 DISAGGREGATION_MODES = ("null", "prefill", "decode")  # SGLang's names
 ATTENTION_BACKENDS = ("auto", "native", "pallas")  # resolved by model.attention
 MOE_DISPATCH = ("psum", "all_to_all")  # EP forms: parallel.rules.Layout.moe_dispatch
 QUANTIZATIONS = ("none", "w8a8_int8", "w8a16_int8")  # model/quant.py
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")  # SGLang's --kv-cache-dtype (auto: dtype)
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")  # SGLang's --kv-cache-dtype
 
 
 class EngineConfigError(ValueError):
@@ -35,19 +35,27 @@ class EngineConfig:
     enable_jump_forward: bool = True  # grammar-forced tokens in one extend (see docs)
     retract_every: int = 0  # test hook: force one retraction every N decode steps
     dtype: str = "float32"
-    # the KV pool's dtype; "auto": the weights' dtype. bfloat16 halves the pool and the
-    # bytes attention reads (decode B = 32 ~9 % faster on the CPU; benchmarks/README.md)
+    # The serving form (serving_form() resolves "auto" / None on the JAX platform): by
+    # default, on one CPU device, w8a16_int8 layer products, a bfloat16 KV pool and
+    # deterministic inference: perplexity within 0.5 % of float32, a request's answer
+    # the same whatever its batch, faster than float32 on every workload measured
+    # (benchmarks/README.md, issue 39). quantization="none" is float32 (its KV too).
+    # the KV pool's dtype; "auto": bfloat16 beside int8 layer products, else the
+    # weights' dtype. bfloat16 halves the pool and the bytes attention reads
     kv_cache_dtype: str = "auto"
+    # "auto": "w8a16_int8" on one CPU device with float32 weights, else "none";
     # "w8a8_int8": int8 layer matrices and activations, one device only (model/quant.py:
     # decode B = 8 ~1.7x faster on the CPU, perplexity +3.7 %; benchmarks/README.md);
     # "w8a16_int8": the same weights, each token's activations as two int8 parts
     # (perplexity +0.45 %, a row's products the same bits in any batch)
-    quantization: str = "none"
+    quantization: str = "auto"
     attention_backend: str = "auto"  # "native" | "pallas" | "auto": pallas on a GPU
     # SGLang's --enable-deterministic-inference: a request's numbers (and greedy tokens)
     # do not depend on its batch, chunking or cache hits: attention in one order per
-    # request (native backend; model/native_attention.py deterministic_attention)
-    enable_deterministic_inference: bool = False
+    # request (native backend; model/native_attention.py deterministic_attention).
+    # None: on wherever the native backend runs (not MLA models: their attention has
+    # no such form yet)
+    enable_deterministic_inference: bool | None = None
     seed: int = 0  # seeds for requests that give none derive from it
     tp: int = 1  # tensor-parallel devices (0: every visible device); docs/sharding.md
     ep: int = 1  # expert-parallel groups inside the TP group (MoE models); divides tp
@@ -60,11 +68,6 @@ class EngineConfig:
     # XLA compiler options of the step programs, (name, value) pairs
     # (RunnerConfig.xla_options); (): XLA's defaults
     xla_options: tuple[tuple[str, Any], ...] = ()
-
-    @property
-    def kv_dtype(self) -> str:
-        """The KV pool's dtype: kv_cache_dtype, or the weights' dtype for "auto"."""
-        return self.dtype if self.kv_cache_dtype == "auto" else self.kv_cache_dtype
 
     @property
     def max_step_tokens(self) -> int:
@@ -98,15 +101,47 @@ class EngineConfig:
         check(self.disaggregation_mode != "decode" or self.enable_cache,
               "a decode server lands the transferred KV in its radix cache: keep it on")
         check(self.disaggregation_timeout > 0, "disaggregation_timeout must be > 0")
-        check(not self.enable_deterministic_inference or self.attention_backend != "pallas",
+        check(self.enable_deterministic_inference is not True
+              or self.attention_backend != "pallas",
               "deterministic inference runs on the native attention backend")
         check(self.kv_cache_dtype in KV_CACHE_DTYPES,
               f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}")
-        check(self.quantization in QUANTIZATIONS,
-              f"quantization must be one of {QUANTIZATIONS}")
-        check(self.quantization == "none" or (self.tp == 1 and not self.enable_dp_attention),
+        check(self.quantization in ("auto", *QUANTIZATIONS),
+              f"quantization must be auto or one of {QUANTIZATIONS}")
+        check(self.quantization in ("auto", "none")
+              or (self.tp == 1 and not self.enable_dp_attention),
               "weight quantization runs on one device only (tp = 1, no DP attention)")
         check(not self.enable_dp_attention or self.tp != 1,
               "DP attention needs tp > 1 (one DP rank per device)")
         check(not self.enable_dp_attention or self.disaggregation_mode == "null",
               "DP attention with prefill-decode disaggregation is not supported")
+
+
+class ServingForm(NamedTuple):
+    """An EngineConfig's numeric form, its "auto" choices resolved (serving_form)."""
+
+    quantization: str  # one of QUANTIZATIONS
+    kv_dtype: str  # "float32" | "bfloat16"
+    deterministic: bool
+
+
+def serving_form(c: EngineConfig, platform: str, mla: bool = False) -> ServingForm:
+    """c's quantization, KV dtype and deterministic inference on this JAX platform
+    ("cpu", "gpu", ..: jax.default_backend()), "auto" / None resolved: w8a16_int8 where
+    one CPU device runs float32 weights (elsewhere "none"), a bfloat16 KV pool beside
+    int8 products (elsewhere the weights' dtype), deterministic inference wherever the
+    native attention backend runs. mla: an MLA model (DeepSeek), whose attention has no
+    deterministic form: "none" and no deterministic inference unless asked, so that the
+    default makes no promise it cannot keep."""
+    quant = c.quantization
+    if quant == "auto":
+        one_cpu = platform == "cpu" and c.tp == 1 and not c.enable_dp_attention
+        quant = "w8a16_int8" if one_cpu and c.dtype == "float32" and not mla else "none"
+    kv = c.kv_cache_dtype
+    if kv == "auto":
+        kv = "bfloat16" if quant != "none" else c.dtype
+    det = c.enable_deterministic_inference
+    if det is None:
+        det = not mla and (c.attention_backend == "native" or (
+            c.attention_backend == "auto" and platform != "gpu"))
+    return ServingForm(quant, kv, det)

@@ -17,7 +17,7 @@ import numpy as np
 
 from radixjax.disagg.bootstrap import Bootstrap
 from radixjax.disagg.sides import make_side
-from radixjax.engine.config import EngineConfig
+from radixjax.engine.config import EngineConfig, serving_form
 from radixjax.engine.dp_attention import DPAttentionScheduler
 from radixjax.engine.output import GenerateOutput, StreamChunk
 from radixjax.engine.request import Req
@@ -45,15 +45,18 @@ T = TypeVar("T")
 Prompt = str | Sequence[int]
 
 
-def runner_config_for(c: EngineConfig, dp_ranks: int = 1) -> RunnerConfig:
+def runner_config_for(c: EngineConfig, dp_ranks: int = 1, mla: bool = False) -> RunnerConfig:
     """The runner an engine config needs: token buckets up to the largest step the
-    scheduler can emit (`max_step_tokens`), so the warm-up covers every step."""
+    scheduler can emit (`max_step_tokens`), so the warm-up covers every step; its
+    numeric form resolved on JAX's default backend for the model (serving_form; mla:
+    an MLA model)."""
+    form = serving_form(c, jax.default_backend(), mla)
     return RunnerConfig(
         num_slots=c.num_slots, max_batch_tokens=c.max_step_tokens, max_running=c.max_running,
         max_context=c.max_context, attention_backend=c.attention_backend,
-        page_size=c.page_size, kv_dtype=c.kv_dtype, dp_ranks=dp_ranks,
-        quantization=c.quantization, xla_options=c.xla_options,
-        deterministic=c.enable_deterministic_inference,
+        page_size=c.page_size, kv_dtype=form.kv_dtype, dp_ranks=dp_ranks,
+        quantization=form.quantization, xla_options=c.xla_options,
+        deterministic=form.deterministic,
     )
 
 
@@ -131,7 +134,9 @@ class Engine:
             params, self.model_config, self.tokenizer = loaded.params, loaded.cfg, loaded.tokenizer
         enable_persistent_cache()
         self.runner = ModelRunner(self.model_config, params,
-                                  runner_config_for(self.config, dp_ranks), self.layout, device)
+                                  runner_config_for(self.config, dp_ranks,
+                                                    self.model_config.mla is not None),
+                                  self.layout, device)
         if warmup:
             self.runner.warmup()
         self.disagg = make_side(self.config, self.runner, warmup)
