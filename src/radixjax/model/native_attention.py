@@ -205,6 +205,14 @@ def _shared_len(md: AttentionMetadata, rows: jax.Array) -> jax.Array:
 
 
 BLOCK_DIAGONAL_MAX_KV_HEADS = 4  # decode: one GEMM over all KV heads up to this many
+# Up to this many requests the block-diagonal scores take the key block as the GEMM's left
+# operand ([BK, Hkv*Dh] x [Hkv*Dh, Hq]: BK rows instead of Hq): XLA's CPU GEMM gives the
+# same bits either way (each output's bf16 / f32 products summed in the same order; so
+# deterministic inference stays batch-invariant, tests/model/test_deterministic.py).
+# SmolLM2 w8a16 + bf16 KV, 850 keys, medians of alternating rounds: B = 1 deterministic
+# 14.3 -> 13.3 and 16.0 -> 15.1 ms, not 14.1 -> 13.4; deterministic B = 8 46.9 -> 49.4,
+# B = 16 88.5 -> 92.1 (the query kept left there; benchmarks/README.md).
+KEYS_LEFT_MAX_BATCH = 1
 # From this many requests decode scores its own keys with a multiply-and-sum loop fusion
 # (no GEMM): whole SmolLM2 w8a8 steps at context 512, min ms against the block-diagonal
 # (B <= 32) and per-head (B = 64) GEMMs: B = 16 143 -> 121, B = 32 254 -> 221, B = 64
@@ -293,8 +301,11 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
         """One block: k, v [B, BK, ..] (gather's; or [BK, ..], the same keys for every
         request: one GEMM over all B), valid [B, BK]."""
         b_ = "b" if k.ndim == 3 + (not block_diagonal) else ""
-        if block_diagonal:
+        if block_diagonal and b <= KEYS_LEFT_MAX_BATCH:  # the block [BK, ..] as the left
+            s = einsum_in(k.dtype, f"{b_}kc,bqc->bqk", k, qbd)  # operand: the same bits
+        elif block_diagonal:
             s = einsum_in(k.dtype, f"bqc,{b_}kc->bqk", qbd, k)  # [B, Hq, BK]
+        if block_diagonal:
             s = jnp.where(valid[:, None, :], s, MASK_VALUE)
             return _softmax_step(carry, s, v, f"bqk,{b_}kc->bqc", k.dtype,  # [B, Hq, Hkv * Dh]
                                  deterministic)
