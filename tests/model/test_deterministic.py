@@ -84,3 +84,7 @@ def test_the_flag_reaches_the_runner_on_the_native_backend_only() -> None:
     assert not runner_config_for(EngineConfig(enable_deterministic_inference=False)).deterministic
     with pytest.raises(EngineConfigError, match="native attention backend"):
         EngineConfig(enable_deterministic_inference=True, attention_backend="pallas")
+    # MLA's attention has no deterministic form: asked for, a clear error (by default off)
+    with pytest.raises(EngineConfigError, match="MLA"):
+        runner_config_for(EngineConfig(enable_deterministic_inference=True), mla=True)
+    assert not runner_config_for(EngineConfig(), mla=True).deterministic

@@ -17,7 +17,7 @@ import numpy as np
 
 from radixjax.disagg.bootstrap import Bootstrap
 from radixjax.disagg.sides import make_side
-from radixjax.engine.config import EngineConfig, serving_form
+from radixjax.engine.config import EngineConfig, EngineConfigError, serving_form
 from radixjax.engine.dp_attention import DPAttentionScheduler
 from radixjax.engine.output import GenerateOutput, StreamChunk
 from radixjax.engine.request import Req
@@ -50,6 +50,9 @@ def runner_config_for(c: EngineConfig, dp_ranks: int = 1, mla: bool = False) -> 
     scheduler can emit (`max_step_tokens`), so the warm-up covers every step; its
     numeric form resolved on JAX's default backend for the model (serving_form; mla:
     an MLA model)."""
+    if c.enable_deterministic_inference and mla:
+        raise EngineConfigError("deterministic inference has no form for MLA attention yet "
+                                "(model/mla.py); leave it unset for an MLA model")
     form = serving_form(c, jax.default_backend(), mla)
     return RunnerConfig(
         num_slots=c.num_slots, max_batch_tokens=c.max_step_tokens, max_running=c.max_running,
