@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
                         top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
     context = 1 << max(8, (len(ids) + args.max_tokens - 1).bit_length())
     form = serving_form(EngineConfig(dtype=args.dtype, quantization=args.quantization,
-                                     tp=args.tp, ep=args.ep), jax.default_backend())
+                                     tp=args.tp, ep=args.ep), jax.default_backend(),
+                        mla=m.cfg.mla is not None)  # as the engine resolves it
     runner = ModelRunner(m.cfg, m.params, RunnerConfig(
         num_slots=context + 1, max_batch_tokens=context, max_running=1, max_context=context,
         kv_dtype=form.kv_dtype, quantization=form.quantization,

@@ -66,8 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--quantization", choices=("auto", *QUANTIZATIONS), default="auto",
                    help="auto (the default): w8a16_int8 on one CPU device, else none; "
                         "none: float32 throughout, its KV too (the reference); "
-                        "w8a16_int8: int8 layer "
-                        "weights, activations as two int8 parts (perplexity +0.5 %% "
+                        "w8a16_int8: int8 layer weights, activations as two int8 parts "
+                        "(perplexity +0.5 %% "
                         "against float32); w8a8_int8: per-token int8 activations "
                         "(faster prefill, perplexity +3.7 %%; benchmarks/README.md)")
     g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",

@@ -210,8 +210,8 @@ BLOCK_DIAGONAL_MAX_KV_HEADS = 4  # decode: one GEMM over all KV heads up to this
 # same bits either way (each output's bf16 / f32 products summed in the same order; so
 # deterministic inference stays batch-invariant, tests/model/test_deterministic.py).
 # SmolLM2 w8a16 + bf16 KV, 850 keys, medians of alternating rounds: B = 1 deterministic
-# 14.3 -> 13.3 and 16.0 -> 15.1 ms, not 14.1 -> 13.4; deterministic B = 8 46.9 -> 49.4,
-# B = 16 88.5 -> 92.1 (the query kept left there; benchmarks/README.md).
+# 14.3 -> 13.3 and 16.0 -> 15.1 ms, non-deterministic 14.1 -> 13.4; deterministic B = 8
+# 46.9 -> 49.4, B = 16 88.5 -> 92.1 (the query kept left there; benchmarks/README.md).
 KEYS_LEFT_MAX_BATCH = 1
 # From this many requests decode scores its own keys with a multiply-and-sum loop fusion
 # (no GEMM): whole SmolLM2 w8a8 steps at context 512, min ms against the block-diagonal
@@ -254,11 +254,12 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
     XLA's CPU dot over tiny per-head batches (SmolLM2, Hkv = 3: 2.5x faster per layer at
     4k keys, benchmarks/README.md). Otherwise batched GEMMs per KV head.
 
-    deterministic (deterministic_attention; md without a shared prefix): a row's bits do
-    not depend on B or its batch-mates: blocks of DETERMINISTIC_BLOCK_K keys at multiples
-    of it (the loop starts at the block holding the batch's earliest own key: the blocks
-    before it are masked for every row, see _softmax_update), one form at every B, the
-    denominators summed by halving. XLA's batched GEMMs give a row the same bits at any B
+    deterministic (deterministic_attention; prefix unused): a row's bits do not depend on
+    B or its batch-mates: blocks of DETERMINISTIC_BLOCK_K keys at multiples of it (the
+    loop starts at the block holding the batch's earliest own key: the blocks before it
+    are masked for every row, see _softmax_update), one form at every B, the denominators
+    summed by halving; a shared prefix's whole blocks first, one GEMM for all rows
+    (_deterministic_shared_blocks). XLA's CPU GEMMs give a row the same bits at any B
     (tests/model/test_deterministic.py)."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
@@ -301,11 +302,11 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
         """One block: k, v [B, BK, ..] (gather's; or [BK, ..], the same keys for every
         request: one GEMM over all B), valid [B, BK]."""
         b_ = "b" if k.ndim == 3 + (not block_diagonal) else ""
-        if block_diagonal and b <= KEYS_LEFT_MAX_BATCH:  # the block [BK, ..] as the left
-            s = einsum_in(k.dtype, f"{b_}kc,bqc->bqk", k, qbd)  # operand: the same bits
-        elif block_diagonal:
-            s = einsum_in(k.dtype, f"bqc,{b_}kc->bqk", qbd, k)  # [B, Hq, BK]
         if block_diagonal:
+            if b <= KEYS_LEFT_MAX_BATCH:  # the block [BK, ..] as the left operand
+                s = einsum_in(k.dtype, f"{b_}kc,bqc->bqk", k, qbd)  # (the same bits)
+            else:
+                s = einsum_in(k.dtype, f"bqc,{b_}kc->bqk", qbd, k)  # [B, Hq, BK]
             s = jnp.where(valid[:, None, :], s, MASK_VALUE)
             return _softmax_step(carry, s, v, f"bqk,{b_}kc->bqc", k.dtype,  # [B, Hq, Hkv * Dh]
                                  deterministic)
