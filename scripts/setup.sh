@@ -46,3 +46,10 @@ if [ "$(uname -m)" = x86_64 ] && [ ! "$lib" -nt src/radixjax/model/onednn_int8_m
   "$venv/bin/python" -m radixjax.model.onednn --build >/dev/null \
     || echo "setup.sh: the oneDNN handler did not build; W8A8 runs on XLA's int8 GEMM" >&2
 fi
+# Decode attention as an XLA FFI handler (src/radixjax/model/cpu_decode.py), compiled
+# (~3 s) for this machine's CPU; where it cannot be, decode attention stays in XLA.
+lib=src/radixjax/model/_cpu_decode_attention.so
+if [ ! "$lib" -nt src/radixjax/model/cpu_decode_attention.cc ]; then
+  "$venv/bin/python" -m radixjax.model.cpu_decode --build >/dev/null \
+    || echo "setup.sh: the decode attention handler did not build; decode stays in XLA" >&2
+fi

@@ -18,11 +18,12 @@ from radixjax.runtime.model_runner import ModelRunner, RunnerConfig
 N = 150  # the request's prompt
 
 
-def _runner(model, quantization: str, deterministic: bool,
-            kv_dtype: str = "float32") -> ModelRunner:
+def _runner(model, quantization: str, deterministic: bool, kv_dtype: str = "float32",
+            cpu_decode: bool | None = None) -> ModelRunner:
     return ModelRunner(model.cfg, model.params, RunnerConfig(
         num_slots=1024, max_batch_tokens=256, max_running=8, max_context=512,
-        quantization=quantization, deterministic=deterministic, kv_dtype=kv_dtype))
+        quantization=quantization, deterministic=deterministic, kv_dtype=kv_dtype,
+        cpu_decode=cpu_decode))
 
 
 def _logits(runner: ModelRunner, reqs: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
@@ -30,15 +31,19 @@ def _logits(runner: ModelRunner, reqs: list[tuple[np.ndarray, np.ndarray]]) -> n
                                          runner.buckets))
 
 
-@pytest.mark.parametrize("quantization,kv_dtype", [
-    ("w8a16_int8", "float32"), ("w8a16_int8", "bfloat16"), ("w8a8_int8", "float32")])
-def test_a_request_is_the_same_bits_in_any_batch(smollm2, quantization: str,
-                                                 kv_dtype: str) -> None:
+# decode through the CPU handler (model/cpu_decode.py, where built: the default) or, where
+# it is not, decode_attention's deterministic XLA form
+@pytest.mark.parametrize("quantization,kv_dtype,cpu_decode", [
+    ("w8a16_int8", "float32", None), ("w8a16_int8", "bfloat16", None),
+    ("w8a8_int8", "float32", None), ("w8a16_int8", "bfloat16", False)])
+def test_a_request_is_the_same_bits_in_any_batch(smollm2, quantization: str, kv_dtype: str,
+                                                 cpu_decode: bool | None) -> None:
     rng = np.random.default_rng(0)
     p = rng.integers(3, 40000, N).astype(np.int32)
     other = rng.integers(3, 40000, 90).astype(np.int32)
     mine, theirs = np.arange(1, N + 2, dtype=np.int32), np.arange(400, 500, dtype=np.int32)
-    det = _runner(smollm2, quantization, deterministic=True, kv_dtype=kv_dtype)
+    det = _runner(smollm2, quantization, deterministic=True, kv_dtype=kv_dtype,
+                  cpu_decode=cpu_decode)
     alone = _logits(det, [(p, mine[:N])])  # [N, V]
     # behind another request, in a larger token bucket
     np.testing.assert_array_equal(_logits(det, [(other, theirs[:90]), (p, mine[:N])])[90:],
@@ -68,6 +73,7 @@ def test_a_request_is_the_same_bits_in_any_batch(smollm2, quantization: str,
     shared = _logits(det, [*sharers[:3], (nxt, mine[:N + 1]), *sharers[3:]])
     np.testing.assert_array_equal(shared[3:4], one)
     if kv_dtype == "float32" and quantization == "w8a16_int8":  # the default mode moves
+        # (its prompts: the packed axis' blocks)
         fast = _runner(smollm2, quantization, deterministic=False)
         a = _logits(fast, [(p, mine[:N])])
         b = _logits(fast, [(other, theirs[:90]), (p, mine[:N])])[90:]

@@ -149,16 +149,17 @@ def resolve_backend_name(name: str) -> str:
     return name
 
 
-def get_backend(name: str, page_size: int = 1, deterministic: bool = False) -> AttentionBackend:
+def get_backend(name: str, page_size: int = 1, deterministic: bool = False,
+                cpu_decode: bool = False) -> AttentionBackend:
     """The backend function; page_size must be the allocator's page size, or 1 (always
     valid; only the pallas backend uses it). deterministic: a token's result independent
-    of its batch (native backend only)."""
+    of its batch (native backend only); cpu_decode: the native backend's decode tokens
+    through the CPU handler (model/cpu_decode.py)."""
     name = resolve_backend_name(name)
     if name == "native":
         from radixjax.model.native_attention import native_attention
 
-        return partial(native_attention, deterministic=True) if deterministic \
-            else native_attention
+        return partial(native_attention, deterministic=deterministic, kernel=cpu_decode)
     if deterministic:
         raise ValueError("deterministic inference runs on the native attention backend")
     from radixjax.model.pallas_backend import pallas_attention  # Pallas only when asked

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from radixjax.model import cpu, new_keys
+from radixjax.model import cpu, cpu_decode, new_keys
 from radixjax.model.attention import (
     BF16_BITS,
     MASK_VALUE,
@@ -469,27 +469,34 @@ def native_attention(
     window: int | None,
     scale: float,
     deterministic: bool = False,
+    kernel: bool = False,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """`AttentionBackend` contract (model/attention.py): blockwise, context-free shapes.
-    deterministic: a token's result depends on its request alone (deterministic_attention)."""
+    deterministic: a token's result depends on its request alone (deterministic_attention).
+    kernel: decode tokens through the CPU handler (model/cpu_decode.py; each request
+    alone, so deterministic as it is), the rest as above."""
     k_pool, v_pool = write_kv(k_pool, v_pool, k_new, v_new, md.out_slots + md.layer_base)
     q = q * scale
     if deterministic:
-        return deterministic_attention(q, k_pool, v_pool, md, window), k_pool, v_pool
+        return deterministic_attention(q, k_pool, v_pool, md, window, kernel), k_pool, v_pool
     md = sharing(md)
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
     keys = pool_keys(k_pool, v_pool)
     # the products over a step's many query rows take bf16 operands beside a bf16 pool
     dot_dtype = jnp.bfloat16 if k_pool.dtype == BF16_BITS else jnp.float32
-    # one shared-prefix pass for every token, decode or extend (one loop in the program)
+    # one shared-prefix pass for every token, decode (unless the kernel takes them) or
+    # extend (one loop in the program)
     prefix = shared_prefix_pass(
         q.reshape(num_tokens, num_kv_heads, num_q_heads // num_kv_heads, head_dim), keys,
-        head_dim, md, _shared_len(md, md.q_len > 0)[md.token_req], md.positions, window,
-        dot_dtype)
+        head_dim, md, _shared_len(md, md.q_len > int(kernel))[md.token_req], md.positions,
+        window, dot_dtype)
     rows = jnp.clip(md.q_start, 0, num_tokens - 1)  # each request's first (decode: only) token
-    dec = decode_attention(q, k_pool, v_pool, md, window,
-                           tuple(x[rows] for x in prefix))  # [B, Hq, Dh]
+    if kernel:
+        dec = kernel_decode(q, k_pool, v_pool, md, window)
+    else:
+        dec = decode_attention(q, k_pool, v_pool, md, window,
+                               tuple(x[rows] for x in prefix))  # [B, Hq, Dh]
     new_kv = tuple(from_pool(to_pool(x, k_pool.dtype)) for x in (k_new, v_new))  # as kept
     ext = extend_attention(q, keys, num_kv_heads, v_pool.shape[2], md, window, EXTEND_BLOCK_Q,
                            EXTEND_BLOCK_K, prefix=prefix, new_kv=new_kv, dot_dtype=dot_dtype)
@@ -498,8 +505,20 @@ def native_attention(
     return out, k_pool, v_pool
 
 
+def kernel_decode(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
+                  md: AttentionMetadata, window: int | None) -> jax.Array:
+    """q [T, Hq, Dh] (scaled) -> [B, Hq, Dh]: decode_attention's result through the CPU
+    handler (model/cpu_decode.py), each q_len == 1 request's token over its keys, alone
+    (other rows zero)."""
+    rows = jnp.clip(md.q_start, 0, q.shape[0] - 1)
+    kv_len = jnp.where(md.q_len == 1, md.kv_len, 0)
+    return cpu_decode.decode_attention(q[rows], k_pool, v_pool, md.req_to_token, md.req_row,
+                                       kv_len, md.layer_base, window)
+
+
 def deterministic_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
-                            md: AttentionMetadata, window: int | None) -> jax.Array:
+                            md: AttentionMetadata, window: int | None,
+                            kernel: bool = False) -> jax.Array:
     """q [T, Hq, Dh] (scaled; the step's K/V already in the pool) -> [T, Hq, Dv], each
     token's keys reduced in an order set by its request's positions alone (SGLang's
     deterministic inference, vLLM's batch invariance): every key in blocks of
@@ -522,8 +541,11 @@ def deterministic_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
     keys = pool_keys(k_pool, v_pool)
     dot_dtype = jnp.bfloat16 if k_pool.dtype == BF16_BITS else jnp.float32
     is_decode = md.q_len == 1
-    dec = decode_attention(q, k_pool, v_pool, sharing(md), window,
-                           deterministic=True)  # [B, Hq, Dv]
+    if kernel:  # each request alone
+        dec = kernel_decode(q, k_pool, v_pool, md, window)
+    else:
+        dec = decode_attention(q, k_pool, v_pool, sharing(md), window,
+                               deterministic=True)  # [B, Hq, Dv]
     ext = extend_attention(q, keys, num_kv_heads, v_pool.shape[2],
                            md._replace(q_len=jnp.where(is_decode, 0, md.q_len),
                                        shared_len=None),

@@ -21,9 +21,7 @@ the products stay in XLA (a warning says so once).
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
-import subprocess
 import sys
 from functools import cache
 from pathlib import Path
@@ -32,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-log = logging.getLogger(__name__)
+from radixjax.model.ffi_library import compile_handler, load_handlers
 
 TARGET = "radixjax_int8_matmul"
 SOURCE = Path(__file__).with_name("onednn_int8_matmul.cc")
@@ -47,32 +45,24 @@ def _dnnl_dir() -> Path:
 def build() -> Path:
     """Compile the handler (~5 s); returns the library's path."""
     prefix = _dnnl_dir()
-    cmd = ["g++", "-O2", "-std=c++17", "-shared", "-fPIC",
-           "-isystem", str(jax.ffi.include_dir()), "-isystem", str(prefix / "include"), str(SOURCE),
-           f"-L{prefix / 'lib'}", "-ldnnl", f"-Wl,-rpath,{prefix / 'lib'}",
-           "-o", str(LIBRARY)]
-    subprocess.run(cmd, check=True)
-    return LIBRARY
+    return compile_handler(SOURCE, LIBRARY, [
+        "-O2", "-isystem", str(prefix / "include"), f"-L{prefix / 'lib'}", "-ldnnl",
+        f"-Wl,-rpath,{prefix / 'lib'}"])
 
 
 @cache
 def _library() -> ctypes.CDLL | None:
     """The built handler, loaded and registered with XLA (once); None if not built."""
-    if not LIBRARY.exists():
-        log.warning("%s is not built (python -m radixjax.model.onednn --build): the int8 "
-                    "products stay in XLA's int8 GEMM", LIBRARY.name)
+    lib = load_handlers("radixjax.model.onednn", SOURCE, LIBRARY,
+                        {TARGET: "RadixjaxInt8Matmul"},
+                        "the int8 products stay in XLA's int8 GEMM")
+    if lib is None:
         return None
-    if LIBRARY.stat().st_mtime < SOURCE.stat().st_mtime:
-        log.warning("%s is older than its source: rebuild it (python -m "
-                    "radixjax.model.onednn --build)", LIBRARY.name)
-    lib = ctypes.CDLL(os.fspath(LIBRARY))
     lib.RadixjaxInt8PackedBytes.restype = ctypes.c_int64
     lib.RadixjaxInt8PackedBytes.argtypes = [ctypes.c_int64, ctypes.c_int64]
     lib.RadixjaxInt8Pack.restype = ctypes.c_int
     lib.RadixjaxInt8Pack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                      ctypes.c_void_p]
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.RadixjaxInt8Matmul),
-                                platform="cpu")
     return lib
 
 

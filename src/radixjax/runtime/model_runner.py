@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from radixjax.model import cpu_decode
 from radixjax.model.attention import (
     TABLE_ALIGN,
     AttentionMetadata,
@@ -78,6 +79,9 @@ class RunnerConfig:
     # positions alone, so its numbers do not depend on the batch (native backend;
     # model/native_attention.py deterministic_attention)
     deterministic: bool = False
+    # decode attention through the CPU handler (model/cpu_decode.py); None: where it is
+    # built, on the native backend of one CPU device (no mesh), for heads it computes
+    cpu_decode: bool | None = None
     # DP attention ranks (engine/dp_attention.py): each rank has num_slots pool slots and
     # max_running + 1 table rows of its own, and a step is one chunk of a bucket per rank
     dp_ranks: int = 1
@@ -150,14 +154,15 @@ def _step(
     input_ids: jax.Array, src: TokenSource, scores: PromptScores, md: AttentionMetadata,
     sp: SamplingArrays, token_mask: jax.Array, flags: StepFlags, *,
     cfg: ModelConfig, backend: str, page_size: int, layout: Layout | None, mla_absorb: bool,
-    deterministic: bool,
+    deterministic: bool, cpu_decode: bool,
 ) -> tuple[StepOutput, KVPool, jax.Array, jax.Array, jax.Array]:
     """token_mask: [B, ceil(V / 32)] int32 grammar bitmask (all ones: unconstrained)."""
     table, md = _write_table(table, src, md)
     input_ids = jnp.where(src.use_last, last_tokens[src.token_row], input_ids)
     hidden, kv = forward_hidden(
-        params, kv, input_ids, md, cfg=cfg, backend=get_backend(backend, page_size, deterministic),
-        layout=layout, mla_absorb=mla_absorb,
+        params, kv, input_ids, md, cfg=cfg,
+        backend=get_backend(backend, page_size, deterministic, cpu_decode), layout=layout,
+        mla_absorb=mla_absorb,
     )  # [T, D]
     logits = lm_head(params, hidden[last_token_rows(md)], cfg, layout)  # [B, V]
     prompt = lax.cond(
@@ -208,13 +213,13 @@ def _sync_row(table: jax.Array, row: jax.Array, slots: jax.Array) -> jax.Array:
 def _all_logits(
     params: Params, kv: KVPool, table: jax.Array, input_ids: jax.Array, src: TokenSource,
     md: AttentionMetadata, *, cfg: ModelConfig, backend: str, page_size: int,
-    layout: Layout | None, mla_absorb: bool, deterministic: bool,
+    layout: Layout | None, mla_absorb: bool, deterministic: bool, cpu_decode: bool,
 ) -> tuple[jax.Array, KVPool, jax.Array]:
     table, md = _write_table(table, src, md)
     logits, kv = forward(
         params, kv, input_ids, md, cfg=cfg,
-        backend=get_backend(backend, page_size, deterministic), all_logits=True, layout=layout,
-        mla_absorb=mla_absorb,
+        backend=get_backend(backend, page_size, deterministic, cpu_decode), all_logits=True,
+        layout=layout, mla_absorb=mla_absorb,
     )
     return logits, kv, table
 
@@ -222,13 +227,14 @@ def _all_logits(
 @cache
 def _jitted(cfg: ModelConfig, backend: str, page_size: int, layout: Layout | None,
             pool_sharding: jax.sharding.Sharding | None, mla_absorb: bool = True,
-            xla_options: tuple[tuple[str, Any], ...] = (), deterministic: bool = False) -> tuple:
+            xla_options: tuple[tuple[str, Any], ...] = (), deterministic: bool = False,
+            cpu_decode: bool = False) -> tuple:
     """(step, all_logits, sync_row) jitted for these statics. Memoized: runners with equal
     statics share the jitted functions, so JAX's in-memory caches (trace, lowering,
     executable) serve a second runner in this process without tracing or loading again
     (an engine restarted in a notebook, the test suite's many engines)."""
     statics = dict(cfg=cfg, backend=backend, page_size=page_size, layout=layout,
-                   mla_absorb=mla_absorb, deterministic=deterministic)
+                   mla_absorb=mla_absorb, deterministic=deterministic, cpu_decode=cpu_decode)
     # Sharded: pin where the state comes back (as it went in), or XLA may return, say,
     # the counts split like the vocab-sharded logits and the next step's program would
     # refuse them.
@@ -244,6 +250,25 @@ def _jitted(cfg: ModelConfig, backend: str, page_size: int, layout: Layout | Non
     logits = jax.jit(partial(_all_logits, **statics), **logits_out, **options,
                      donate_argnames=("kv", "table"))
     return step, logits, jax.jit(_sync_row, donate_argnames="table", **options)
+
+
+def _resolve_cpu_decode(asked: bool | None, cfg: ModelConfig, backend: str,
+                        layout: Layout | None) -> bool:
+    """Whether decode attention runs in the CPU handler (RunnerConfig.cpu_decode): where
+    it is built, on the native backend of one CPU device, for the model's heads (not MLA's
+    latent pool); asked True where it cannot: ValueError."""
+    possible = (backend == "native" and layout is None and cfg.mla is None
+                and cpu_decode.supports(cfg.head_dim, cfg.head_dim))
+    if asked is False or (asked is None and not possible):
+        return False
+    if not possible:
+        raise ValueError("cpu_decode runs on the native backend of one device, for head "
+                         f"dims {cpu_decode.HEAD_DIMS} (not MLA)")
+    available = cpu_decode.available()
+    if asked and not available:
+        raise ValueError("cpu_decode: the handler is not built (python -m "
+                         "radixjax.model.cpu_decode --build) or the backend is not the CPU")
+    return available
 
 
 class ModelRunner:
@@ -284,10 +309,12 @@ class ModelRunner:
         self.attention_backend = resolve_backend_name(config.attention_backend)
         # (a bf16 pool on the native backend: its uint16 bits, model/attention.py)
         self.pool_dtype = pool_dtype(DTYPES[config.kv_dtype], self.attention_backend)
+        self.cpu_decode = _resolve_cpu_decode(config.cpu_decode, cfg, self.attention_backend,
+                                              layout)
         self.reset_state()
         self._step, self._logits, self._sync = _jitted(
             self.run_cfg, self.attention_backend, config.page_size, layout, pool_sharding,
-            config.mla_absorb, config.xla_options, config.deterministic)
+            config.mla_absorb, config.xla_options, config.deterministic, self.cpu_decode)
         self._no_mask: dict[int, jax.Array] = {}  # all-ones grammar mask per B, on device
         self.programs = StepPrograms(self._step, self._example_args)
 
