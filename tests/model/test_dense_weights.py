@@ -22,7 +22,7 @@ from radixjax.model.dense_weights import (
     rows_max,
 )
 from radixjax.model.layer_stack import layer_groups, split_resident, stack_layers
-from radixjax.model.quant import Int8Weight, PackedInt8Weight, quantize_params
+from radixjax.model.quant import Int8Weight, PackedInt8Weight, fused, quantize_params
 from tests.model.harness import tiny_runner
 
 
@@ -51,7 +51,9 @@ def test_stacking_transposes_the_dense_matrices_only(tiny_model_dir) -> None:
             want = np.stack([np.asarray(lp[name]) for lp in m.params["layers"][g.start:g.stop]])
             np.testing.assert_array_equal(got, want.swapaxes(-1, -2) if name in LINEAR_WEIGHTS
                                           else want)
-    dense = LINEAR_WEIGHTS & set(stacked[0])
+    # int8: q, k, v and gate, up fused (dense_weights.FUSED_WEIGHTS)
+    dense = LINEAR_WEIGHTS & set(fused(m.params["layers"][0]))
+    assert {"wqkv", "w_gate_up", "wo", "w_down"} == dense
     int8 = stack_layers(m.cfg, quantize_params(m.params, "w8a8_int8", False))["groups"]
     assert all(isinstance(int8[0][k], Int8Weight) for k in dense)
     # packed for oneDNN (model/onednn.py): [n, parts, P] stacks the scan leaves whole

@@ -134,8 +134,9 @@ def test_int8_runner_tracks_f32(family: str, tiny_model_dir) -> None:
     # on this CPU through oneDNN (model/onednn.py; tests/model/test_onednn.py), the
     # stacked layers' products read in place
     assert isinstance(int8.params["lm_head_int8"], PackedInt8Weight)
-    assert all(isinstance(g["wq"], PackedInt8Weight) and g["wq"].packed.ndim == 3
-               for g in int8.params["groups"] if "wq" in g)
+    projections = [g[k] for g in int8.params["groups"] for k in ("wqkv", "wkv_a") if k in g]
+    assert projections and all(isinstance(w, PackedInt8Weight) and w.packed.ndim == 3
+                               for w in projections)
     layer = quantize_params(m.params, "w8a8_int8")["layers"][-1]
     quantized = {k for k, v in layer.items() if isinstance(v, Int8Weight | PackedInt8Weight)}
     assert quantized == LINEAR_WEIGHTS & set(layer) and quantized
@@ -151,6 +152,26 @@ def test_int8_runner_tracks_f32(family: str, tiny_model_dir) -> None:
     for batch in (prefill, decode):
         ref, ours = (r.all_logits(batch) for r in (f32, int8))
         assert 0 < rel_err(ours, ref) < 0.15  # measured: DeepSeek 7 %
+
+
+@pytest.mark.parametrize("quantization", ["w8a8_int8", "w8a16_int8"])
+def test_fused_matrices_give_the_same_numbers(quantization: str, tiny_model_dir) -> None:
+    """q, k, v (with Qwen2's biases) and gate, up as one int8 matrix each
+    (dense_weights.FUSED_WEIGHTS): each output column keeps its own scale, so a step's
+    logits are the same bits as with the matrices apart (one product instead of five)."""
+    m = load_model(tiny_model_dir("qwen2"), load_tokenizer=False)
+    fused, apart = (quantize_params(m.params, quantization, fuse=f) for f in (True, False))
+    assert {"wqkv", "w_gate_up", "bq"} <= set(fused["layers"][0])
+    assert not {"wq", "wk", "wv", "w_gate", "w_up"} & set(fused["layers"][0])
+    runners = [tiny_runner(m.cfg, p) for p in (fused, apart)]  # (already quantized)
+    rng = np.random.default_rng(3)
+    slots = ScatteredSlots(512, seed=5)
+    seqs = [rng.integers(3, m.cfg.vocab_size, n).astype(np.int32) for n in (9, 14)]
+    rows = [slots.take(len(s) + 1) for s in seqs]
+    for reqs in ([RequestSlice(s, r[:len(s)]) for s, r in zip(seqs, rows, strict=True)],
+                 [RequestSlice(np.array([7], np.int32), r) for r in rows]):
+        a, b = (r.all_logits(build_batch(reqs, r.buckets)) for r in runners)
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral"])

@@ -35,7 +35,13 @@ from radixjax.model import cpu
 # shared-expert MLPs, MLA's down-projections (not `wkv_b`, absorbed into per-head
 # products; not routers or routed experts).
 LINEAR_WEIGHTS = frozenset({"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "wq_a",
-                            "wq_b", "wkv_a", "ws_gate", "ws_up", "ws_down"})
+                            "wq_b", "wkv_a", "ws_gate", "ws_up", "ws_down",
+                            "wqkv", "w_gate_up"})
+# Matrices that multiply the same input, one matrix [I, sum O] where the layer matrices
+# are int8 (model/quant.py quantize_params: each output column has its own scale, so the
+# fused product's numbers are the same; one oneDNN call instead of three or two): the
+# fused name -> its parts, in column order. Their biases stay apart ("wq" -> "bq").
+FUSED_WEIGHTS = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
 ROWS_MAX = 8  # steps of up to this many tokens multiply row by row (AMX CPUs: one)
 
 

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from radixjax.model.config import ModelConfig, RopeScaling, YarnScaling
-from radixjax.model.dense_weights import OutIn, out_in_linear
+from radixjax.model.dense_weights import FUSED_WEIGHTS, OutIn, out_in_linear
+from radixjax.model.params import Params
 from radixjax.model.quant import Int8Weight, PackedInt8Weight, int8_linear
 
 
@@ -49,6 +50,19 @@ def linear(x: jax.Array, w: jax.Array | OutIn | Int8Weight | PackedInt8Weight,
     else:
         y = jnp.dot(x.astype(w.dtype), w, preferred_element_type=jnp.float32)
     return y if b is None else y + b
+
+
+def fused_linear(x: jax.Array, lp: Params, name: str,
+                 sizes: tuple[int, ...]) -> list[jax.Array]:
+    """x [T, I] times each part of FUSED_WEIGHTS[name] (+ its bias, "wq" -> "bq") ->
+    [T, O_i] each (sizes: the O_i): one product where lp holds them fused (int8 layer
+    matrices, model/quant.py), else one per part."""
+    parts = FUSED_WEIGHTS[name]
+    biases = [lp.get("b" + p[1:]) for p in parts]
+    if name not in lp:
+        return [linear(x, lp[p], b) for p, b in zip(parts, biases, strict=True)]
+    ys = jnp.split(linear(x, lp[name]), np.cumsum(sizes)[:-1].tolist(), axis=1)
+    return [y if b is None else y + b for y, b in zip(ys, biases, strict=True)]
 
 
 def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:

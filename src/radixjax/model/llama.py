@@ -16,6 +16,7 @@ from radixjax.model.config import ModelConfig
 from radixjax.model.layer_stack import join_resident, layer_groups, split_resident
 from radixjax.model.layers import (
     apply_rope,
+    fused_linear,
     linear,
     rms_norm,
     rope_attention_factor,
@@ -62,9 +63,10 @@ def _attention_block(
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     t = x.shape[0]
     h = shard_tokens(rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps), layout)
-    q = linear(h, lp["wq"], lp.get("bq")).reshape(t, cfg.num_heads, cfg.head_dim)
-    k = linear(h, lp["wk"], lp.get("bk")).reshape(t, cfg.num_kv_heads, cfg.head_dim)
-    v = linear(h, lp["wv"], lp.get("bv")).reshape(t, cfg.num_kv_heads, cfg.head_dim)
+    kv_size = cfg.num_kv_heads * cfg.head_dim
+    q, k, v = fused_linear(h, lp, "wqkv", (cfg.q_size, kv_size, kv_size))
+    q = q.reshape(t, cfg.num_heads, cfg.head_dim)
+    k, v = (x.reshape(t, cfg.num_kv_heads, cfg.head_dim) for x in (k, v))
     if cfg.qk_norm:
         q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
         k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
@@ -78,8 +80,8 @@ def _mlp_block(lp: Params, x: jax.Array, cfg: ModelConfig, layout: Layout | None
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
     if cfg.is_sparse(layer):
         return moe_block(lp, h, cfg, layout, layer)
-    gate = jax.nn.silu(linear(h, lp["w_gate"], lp.get("b_gate")))
-    return linear(gate * linear(h, lp["w_up"], lp.get("b_up")), lp["w_down"], lp.get("b_down"))
+    gate, up = fused_linear(h, lp, "w_gate_up", (cfg.intermediate_size,) * 2)
+    return linear(jax.nn.silu(gate) * up, lp["w_down"], lp.get("b_down"))
 
 
 def vocab_blocks(vocab: int, max_block: int = 1024) -> int:

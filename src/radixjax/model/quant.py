@@ -80,7 +80,7 @@ import numpy as np
 
 from radixjax.engine.config import QUANTIZATIONS  # ("none", "w8a8_int8")
 from radixjax.model import cpu, onednn
-from radixjax.model.dense_weights import LINEAR_WEIGHTS, OutIn, out_in_linear
+from radixjax.model.dense_weights import FUSED_WEIGHTS, LINEAR_WEIGHTS, OutIn, out_in_linear
 from radixjax.model.params import Params
 
 
@@ -229,14 +229,25 @@ def int8_head(h: jax.Array, head: Int8Weight | PackedInt8Weight,
     return out_in_linear(h, OutIn(head.q.astype(jnp.float32)), HEAD_ROWS_MAX) * head.scale
 
 
+def fused(lp: Params) -> Params:
+    """A layer's params with each FUSED_WEIGHTS group it has in full as one matrix
+    ([I, O] parts concatenated along O), the parts dropped."""
+    for name, parts in FUSED_WEIGHTS.items():
+        if all(p in lp for p in parts):
+            lp = {k: v for k, v in lp.items() if k not in parts} | {
+                name: jnp.concatenate([lp[p] for p in parts], axis=1)}
+    return lp
+
+
 def quantize_params(params: Params, quantization: str,
-                    use_onednn: bool | None = None) -> Params:
+                    use_onednn: bool | None = None, fuse: bool = True) -> Params:
     """Checkpoint-shaped params -> the same with the layer matrices (LINEAR_WEIGHTS) as
     Int8Weight and an int8 copy of the LM head as "lm_head_int8" ("w8a8_int8";
     "w8a16_int8": A16Int8Weight, their activations in two int8 parts; "none":
     unchanged); with use_onednn each packed for oneDNN (PackedInt8Weight; None: where
-    onednn.available() and the matrix is onednn.packable). The other leaves are shared,
-    not copied."""
+    onednn.available() and the matrix is onednn.packable); fuse: the matrices of
+    FUSED_WEIGHTS as one (the same numbers, fewer products). The other leaves are
+    shared, not copied."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     if quantization == "none":
@@ -249,7 +260,7 @@ def quantize_params(params: Params, quantization: str,
             return pack_int8(q) if onednn.available() and onednn.packable(*q.q.shape) else q
         return pack_int8(q) if use_onednn else q
 
-    layers = [{k: quantize(v) if k in LINEAR_WEIGHTS else v for k, v in lp.items()}
-              for lp in params["layers"]]
+    layers = [{k: quantize(v) if k in LINEAR_WEIGHTS else v
+               for k, v in (fused(lp) if fuse else lp).items()} for lp in params["layers"]]
     head = params.get("lm_head", params["embed"])  # [V, D]; tied: the embedding
     return {**params, "layers": layers, "lm_head_int8": quantize(head.T)}
