@@ -10,16 +10,18 @@
 //       over positions p in [lo, kv_len[b]), lo = max(0, kv_len[b] - window) with a
 //       window, slot(p) = req_to_token[req_row[b], p] + layer_base
 //
-// Each (request, KV head) is one work item, computed the same way whatever else is in
-// the batch: its G query heads' scores for every key (dot products of D in a fixed lane
-// order), their exact maximum, p = exp(s - max), then the denominator and p . V summed
-// over the keys in position order. So a request's numbers never depend on its batch
-// (SGLang's deterministic inference needs no other form). The items run on XLA's
-// intra-op thread pool, the calling thread taking items too.
+// A request's keys go in chunks of kChunk positions from its first key, each chunk one
+// work item over every head: its scores (dot products of D in a fixed lane order), their
+// exact maximum m, p = exp(s - m), the sum of p and p . V over the chunk's keys in
+// position order (the query heads of a KV head in registers). Then each request's chunks
+// are merged in position order. So a request's numbers depend on its own keys alone,
+// never on its batch or on which thread took which chunk (SGLang's deterministic
+// inference needs no other form). The items run on XLA's intra-op thread pool, the
+// calling thread taking items too.
 
 #include <algorithm>
-#include <cmath>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -38,7 +40,6 @@ namespace {
 typedef float f16v __attribute__((vector_size(64)));
 typedef int32_t i16v __attribute__((vector_size(64)));
 typedef uint32_t u16v __attribute__((vector_size(64)));
-typedef uint16_t h16v __attribute__((vector_size(32)));
 typedef float f8v __attribute__((vector_size(32)));
 typedef float f4v __attribute__((vector_size(16)));
 constexpr int kLanes = 16;
