@@ -15,7 +15,7 @@ import pytest
 from radixjax.model import cpu_decode
 from radixjax.model.attention import AttentionMetadata, pool_dtype, to_pool
 from radixjax.model.native_attention import native_attention
-from tests.model.test_native_attention import numpy_decode
+from tests.model.test_native_attention import decode_case, numpy_decode
 
 BF16 = pool_dtype(jnp.bfloat16, "native")
 
@@ -26,26 +26,6 @@ def test_built_on_this_machine() -> None:
     assert platform.machine() == "x86_64" and jax.default_backend() == "cpu"
     assert cpu_decode.available(), \
         f"{cpu_decode.LIBRARY} missing: python -m radixjax.model.cpu_decode --build"
-
-
-def _case(seed: int, kv_lens: list[int], num_kv_heads: int, group: int, dim: int,
-          dtype: jnp.dtype, num_slots: int = 4000):
-    """Pools (as kept: bf16 values where the pool is bf16), a table of distinct random
-    slots per request, queries: (q, k, v, table, rows per request)."""
-    rng = np.random.default_rng(seed)
-    k, v = (rng.standard_normal((num_slots, num_kv_heads, dim)).astype(np.float32)
-            for _ in range(2))
-    if dtype == BF16:
-        k, v = (x.astype(jnp.bfloat16).astype(np.float32) for x in (k, v))
-    table = np.zeros((len(kv_lens) + 1, 2048), np.int32)
-    perm = rng.permutation(np.arange(1, num_slots))
-    rows, at = [], 0
-    for i, n in enumerate(kv_lens):
-        table[i, :n] = perm[at:at + n]
-        rows.append(table[i, :n].copy())
-        at += n
-    q = rng.standard_normal((len(kv_lens), num_kv_heads * group, dim)).astype(np.float32)
-    return q, k, v, table, rows
 
 
 def _run(q, k, v, table, kv_lens, dtype, window, req_row=None):
@@ -63,7 +43,8 @@ def _run(q, k, v, table, kv_lens, dtype, window, req_row=None):
 def test_matches_numpy(dtype, num_kv_heads: int, group: int, dim: int,
                        window: int | None) -> None:
     kv_lens = [1, 17, 256, 300, 1000, 0]  # one key, a part chunk, chunk edges, none
-    q, k, v, table, rows = _case(dim + group, kv_lens, num_kv_heads, group, dim, dtype)
+    q, k, v, table, rows = decode_case(dim + group, kv_lens, num_kv_heads, group, dim,
+                                       dtype == BF16, 4000)
     out = _run(q, k, v, table, kv_lens, dtype, window)
     for i, r in enumerate(rows):
         if len(r):
@@ -76,7 +57,7 @@ def test_a_row_is_the_same_bits_in_any_batch() -> None:
     """Each (request, KV head) is computed alone: its bits do not depend on the batch,
     its place in it, or how the items fell to the threads."""
     kv_lens = [700, 5, 1000, 260, 3]
-    q, k, v, table, _ = _case(1, kv_lens, 3, 3, 64, BF16)
+    q, k, v, table, _ = decode_case(1, kv_lens, 3, 3, 64, True, 4000)
     batch = _run(q, k, v, table, kv_lens, BF16, None)
     for i in range(len(kv_lens)):
         alone = _run(q[i:i + 1], k, v, table, kv_lens[i:i + 1], BF16, None, req_row=[i])
@@ -92,7 +73,7 @@ def test_native_attention_reads_each_layer_of_the_pool() -> None:
     native_attention: the step's new keys written first, then read with the rest; the
     same as the XLA decode form (within f32 rounding) for every layer."""
     layers, slots, kv_lens = 3, 1200, [900, 40]
-    q, k, v, table, rows = _case(2, kv_lens, 3, 3, 64, jnp.float32, num_slots=slots)
+    q, k, v, table, rows = decode_case(2, kv_lens, 3, 3, 64, False, slots)
     k, v = (np.concatenate([x * (layer + 1) for layer in range(layers)]) for x in (k, v))
     i32 = lambda x: jnp.asarray(np.asarray(x, np.int32))  # noqa: E731
     for layer in range(layers):

@@ -18,12 +18,11 @@ from radixjax.runtime.model_runner import ModelRunner, RunnerConfig
 N = 150  # the request's prompt
 
 
-def _runner(model, quantization: str, deterministic: bool, kv_dtype: str = "float32",
-            cpu_decode: bool | None = None) -> ModelRunner:
+def _runner(model, quantization: str, deterministic: bool,
+            kv_dtype: str = "float32") -> ModelRunner:
     return ModelRunner(model.cfg, model.params, RunnerConfig(
         num_slots=1024, max_batch_tokens=256, max_running=8, max_context=512,
-        quantization=quantization, deterministic=deterministic, kv_dtype=kv_dtype,
-        cpu_decode=cpu_decode))
+        quantization=quantization, deterministic=deterministic, kv_dtype=kv_dtype))
 
 
 def _logits(runner: ModelRunner, reqs: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
@@ -31,19 +30,17 @@ def _logits(runner: ModelRunner, reqs: list[tuple[np.ndarray, np.ndarray]]) -> n
                                          runner.buckets))
 
 
-# decode through the CPU handler (model/cpu_decode.py, where built: the default) or, where
-# it is not, decode_attention's deterministic XLA form
-@pytest.mark.parametrize("quantization,kv_dtype,cpu_decode", [
-    ("w8a16_int8", "float32", None), ("w8a16_int8", "bfloat16", None),
-    ("w8a8_int8", "float32", None), ("w8a16_int8", "bfloat16", False)])
-def test_a_request_is_the_same_bits_in_any_batch(smollm2, quantization: str, kv_dtype: str,
-                                                 cpu_decode: bool | None) -> None:
+# decode through the CPU handler (model/cpu_decode.py) where built, as by default; the
+# XLA form it replaces: tests/model/test_native_attention.py (the same check at one layer)
+@pytest.mark.parametrize("quantization,kv_dtype", [
+    ("w8a16_int8", "float32"), ("w8a16_int8", "bfloat16"), ("w8a8_int8", "float32")])
+def test_a_request_is_the_same_bits_in_any_batch(smollm2, quantization: str,
+                                                 kv_dtype: str) -> None:
     rng = np.random.default_rng(0)
     p = rng.integers(3, 40000, N).astype(np.int32)
     other = rng.integers(3, 40000, 90).astype(np.int32)
     mine, theirs = np.arange(1, N + 2, dtype=np.int32), np.arange(400, 500, dtype=np.int32)
-    det = _runner(smollm2, quantization, deterministic=True, kv_dtype=kv_dtype,
-                  cpu_decode=cpu_decode)
+    det = _runner(smollm2, quantization, deterministic=True, kv_dtype=kv_dtype)
     alone = _logits(det, [(p, mine[:N])])  # [N, V]
     # behind another request, in a larger token bucket
     np.testing.assert_array_equal(_logits(det, [(other, theirs[:90]), (p, mine[:N])])[90:],

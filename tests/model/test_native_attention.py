@@ -28,6 +28,7 @@ from radixjax.model.native_attention import (
     MULTIPLY_SUM_MIN_BATCH,
     decode_block_k,
     decode_form,
+    deterministic_attention,
     native_attention,
 )
 from radixjax.runtime.batch import (
@@ -95,13 +96,15 @@ def test_decode_on_a_bf16_pool_matches_numpy(form: str,
                   pool_dtype(jnp.bfloat16, "native"))
 
 
-def _check_decode(num_kv_heads: int, window: int | None, kv_lens: list[int],
-                  dtype: jnp.dtype = jnp.float32) -> None:
-    rng = np.random.default_rng(num_kv_heads)
-    group, dh, num_slots = 2, 8, 3100
-    k_pool = rng.standard_normal((num_slots, num_kv_heads, dh)).astype(np.float32)
-    v_pool = rng.standard_normal((num_slots, num_kv_heads, dh)).astype(np.float32)
-    if dtype != jnp.float32:  # the values the pool keeps
+def decode_case(seed: int, kv_lens: list[int], num_kv_heads: int, group: int, dim: int,
+                bf16: bool, num_slots: int = 3100) -> tuple:
+    """Random pools [num_slots, Hkv, dim] (the values a bf16 pool keeps where bf16), a
+    table row of distinct random slots per request (never slot 0), queries [B, Hq, dim]:
+    (q, k_pool, v_pool, table, each request's slots)."""
+    rng = np.random.default_rng(seed)
+    k_pool, v_pool = (rng.standard_normal((num_slots, num_kv_heads, dim)).astype(np.float32)
+                      for _ in range(2))
+    if bf16:
         k_pool, v_pool = (x.astype(jnp.bfloat16).astype(np.float32) for x in (k_pool, v_pool))
     table = np.zeros((len(kv_lens) + 1, TABLE_ALIGN * 2), np.int32)
     perm = rng.permutation(np.arange(1, num_slots))
@@ -110,8 +113,16 @@ def _check_decode(num_kv_heads: int, window: int | None, kv_lens: list[int],
         table[i, :n] = perm[at:at + n]
         rows.append(table[i, :n].copy())
         at += n
+    q = rng.standard_normal((len(kv_lens), num_kv_heads * group, dim)).astype(np.float32)
+    return q, k_pool, v_pool, table, rows
+
+
+def _check_decode(num_kv_heads: int, window: int | None, kv_lens: list[int],
+                  dtype: jnp.dtype = jnp.float32) -> None:
+    dh = 8
+    q, k_pool, v_pool, table, rows = decode_case(num_kv_heads, kv_lens, num_kv_heads, 2, dh,
+                                                 dtype != jnp.float32)
     b = len(kv_lens)
-    q = rng.standard_normal((b, num_kv_heads * group, dh)).astype(np.float32)
     new_k = k_pool[[r[-1] for r in rows]]  # the step writes these (already in the pool)
     new_v = v_pool[[r[-1] for r in rows]]
     i32 = lambda x: jnp.asarray(np.asarray(x, np.int32))  # noqa: E731
@@ -172,6 +183,42 @@ def test_decode_with_shared_prefix_matches_numpy(form: str, window: int | None,
     for i, r in enumerate(rows):
         ref = numpy_decode(q[i], k_pool, v_pool, r, window)
         np.testing.assert_allclose(np.asarray(out[i]), ref, rtol=2e-5, atol=2e-5)
+
+
+def test_deterministic_decode_is_the_same_bits_in_any_batch() -> None:
+    """deterministic_attention's XLA decode (the form where model/cpu_decode.py's handler
+    is not built; SmolLM2's heads, a bf16 pool): a request's bits alone, beside another
+    and among eight that share a 300-key prefix (its whole key blocks one GEMM for all,
+    the rest each request's own batched product)."""
+    num_kv_heads, group, dh = 3, 3, 64
+    k_pool, v_pool, take = _pools(11, 3000, num_kv_heads, dh)
+    pools = [to_pool(jnp.asarray(x), pool_dtype(jnp.bfloat16, "native")) for x in (k_pool, v_pool)]
+    prefix = take(300)
+    rows = [np.concatenate([prefix, take(n)]) for n in (40, 1, 5, 60, 130, 7, 200, 20)]
+    q = np.random.default_rng(12).standard_normal(
+        (len(rows), num_kv_heads * group, dh)).astype(np.float32) * dh**-0.5
+    i32 = lambda x: jnp.asarray(np.asarray(x, np.int32))  # noqa: E731
+
+    def run(which: list[int], shared: bool) -> np.ndarray:
+        b = len(which)
+        table = np.zeros((b + 1, TABLE_ALIGN), np.int32)
+        for i, r in enumerate(which):
+            table[i, :len(rows[r])] = rows[r]
+        md = AttentionMetadata(
+            positions=i32([len(rows[r]) - 1 for r in which]),
+            out_slots=i32([rows[r][-1] for r in which]), token_req=i32(range(b)),
+            q_start=i32(range(b)), q_len=i32([1] * b), kv_len=i32([len(rows[r]) for r in which]),
+            req_row=i32(range(b)), req_to_token=jnp.asarray(table),
+            shared_len=i32([300] * b) if shared else None)
+        return np.asarray(deterministic_attention(jnp.asarray(q[which]), *pools, md, None))
+
+    alone = run([0], False)[0]
+    np.testing.assert_array_equal(run([3, 0], False)[1], alone)
+    assert SHARED_PREFIX_MIN_BATCH <= len(rows)
+    np.testing.assert_array_equal(run([1, 2, 0, 3, 4, 5, 6, 7], True)[2], alone)
+    np.testing.assert_allclose(alone, numpy_decode(q[0] * dh**0.5, k_pool.astype(
+        jnp.bfloat16).astype(np.float32), v_pool.astype(jnp.bfloat16).astype(np.float32),
+        rows[0], None), rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.parametrize("window", [None, 7, 400])

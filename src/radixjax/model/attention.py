@@ -159,6 +159,8 @@ def get_backend(name: str, page_size: int = 1, deterministic: bool = False,
     if name == "native":
         from radixjax.model.native_attention import native_attention
 
+        if not (deterministic or cpu_decode):
+            return native_attention
         return partial(native_attention, deterministic=deterministic, kernel=cpu_decode)
     if deterministic:
         raise ValueError("deterministic inference runs on the native attention backend")
