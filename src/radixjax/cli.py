@@ -9,9 +9,10 @@ import time
 
 import jax
 
-from radixjax.engine.config import QUANTIZATIONS, EngineConfig, serving_form
+from radixjax.engine.config import EngineConfig, serving_form
 from radixjax.loaders import ModelNotFoundError, load_model
 from radixjax.model.config import UnsupportedModelError
+from radixjax.model.forms import QUANTIZATIONS
 from radixjax.parallel.mesh import MeshConfigError
 from radixjax.parallel.rules import layout_for
 from radixjax.parallel.shard_params import placer_for

@@ -13,14 +13,12 @@ import sys
 import time
 
 from radixjax.engine.config import (
-    ATTENTION_BACKENDS,
     DISAGGREGATION_MODES,
     KV_CACHE_DTYPES,
-    MOE_DISPATCH,
     POLICIES,
-    QUANTIZATIONS,
 )
 from radixjax.engine.dp_router import DP_POLICIES
+from radixjax.model.forms import ATTENTION_BACKENDS, MOE_DISPATCH, QUANTIZATIONS
 from radixjax.server.limits import Limits
 
 KEEP_ALIVE_S = 65  # idle HTTP keep-alive (s): longer than clients keep theirs (main)

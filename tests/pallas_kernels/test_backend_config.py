@@ -8,7 +8,7 @@ import pytest
 
 from pallas_kernels.compat import default_interpret
 from radixjax.engine.config import EngineConfig, EngineConfigError
-from radixjax.model.attention import get_backend, resolve_backend_name
+from radixjax.model.backends import get_backend, resolve_backend_name
 from radixjax.model.native_attention import native_attention
 from radixjax.runtime.model_runner import RunnerConfig
 

@@ -6,18 +6,30 @@ the cache's private fields on purpose: it checks them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Hashable
+from typing import Any, Protocol
 
 import numpy as np
 
 from radixjax.cache.errors import require
-
-if TYPE_CHECKING:
-    from radixjax.cache.radix_cache import RadixCache
-    from radixjax.cache.tree_node import TreeNode
+from radixjax.cache.tree_node import ChildKey, TreeNode
 
 
-def check_radix_cache(cache: RadixCache) -> None:
+class AuditedTree(Protocol):
+    """What the audit reads of a RadixCache (radix_cache.py), private fields included."""
+
+    allocator: Any  # KVSlotAllocator: num_slots, is_free, pages_to_slots
+    page_size: int
+    _roots: dict[Hashable | None, TreeNode]
+    _heap: list[tuple[int, int, TreeNode]]
+    _clock: int
+    _evictable_size: int
+    _protected_size: int
+
+    def _child_key(self, tokens: np.ndarray, pos: int) -> ChildKey: ...
+
+
+def check_radix_cache(cache: AuditedTree) -> None:
     """Raise `CacheIntegrityError` unless all of these hold:
 
     - roots: one per namespace, empty key, no parent, never locked; a non-default
@@ -79,7 +91,7 @@ def check_radix_cache(cache: RadixCache) -> None:
     _check_heap(cache, nodes)
 
 
-def _check_node(cache: RadixCache, parent: TreeNode, child_key: object, node: TreeNode) -> None:
+def _check_node(cache: AuditedTree, parent: TreeNode, child_key: object, node: TreeNode) -> None:
     page_size = cache.page_size
     require(node.parent is parent, f"{node!r}: parent link broken")
     require(not node.is_evicted, f"{node!r}: evicted node still linked")
@@ -99,7 +111,7 @@ def _check_node(cache: RadixCache, parent: TreeNode, child_key: object, node: Tr
         require(np.array_equal(node.value, expected), f"{node!r}: value not whole pages")
 
 
-def _check_heap(cache: RadixCache, nodes: list[TreeNode]) -> None:
+def _check_heap(cache: AuditedTree, nodes: list[TreeNode]) -> None:
     entry_ids = [node.node_id for _, _, node in cache._heap]
     require(len(set(entry_ids)) == len(entry_ids), "a node has two heap entries")
     for access, node_id, node in cache._heap:

@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from radixjax.model.forms import ATTENTION_BACKENDS, MOE_DISPATCH, QUANTIZATIONS
+
 POLICIES = ("lpm", "dfs-weight", "fcfs")
 DISAGGREGATION_MODES = ("null", "prefill", "decode")  # SGLang's names
-ATTENTION_BACKENDS = ("auto", "native", "pallas")  # resolved by model.attention
-MOE_DISPATCH = ("psum", "all_to_all")  # EP forms: parallel.rules.Layout.moe_dispatch
-QUANTIZATIONS = ("none", "w8a8_int8", "w8a16_int8")  # model/quant.py
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")  # SGLang's --kv-cache-dtype
 
 

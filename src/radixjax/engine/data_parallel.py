@@ -12,14 +12,14 @@ each replica holds). n samples of a prompt go to one replica (they share its KV)
 
 The interface is Engine's (generate, agenerate, generate_stream, abort, stats, ...), so
 the HTTP server and radixjax.lang serve a DataParallelEngine unchanged;
-`Engine(dp=N)` builds one.
+`Engine(dp=N)` builds one, handing itself over as `replica` (what each replica is).
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ import numpy as np
 from radixjax.disagg.bootstrap import Bootstrap
 from radixjax.engine.config import EngineConfig, EngineConfigError
 from radixjax.engine.dp_router import DPRouter
-from radixjax.engine.engine import Engine, Prompt, batch_inputs, final_output
+from radixjax.engine.inputs import Prompt, batch_inputs, final_output
 from radixjax.engine.output import GenerateOutput, StreamChunk
 from radixjax.engine.scheduler import RequestError
 from radixjax.loaders import load_model
@@ -61,6 +61,7 @@ def device_slices(dp: int, per_replica: int,
 
 class DataParallelEngine:
     def __init__(self, model: str | Path | None = None, *, dp: int,
+                 replica: Callable[..., Any],
                  params: Params | None = None, model_config: ModelConfig | None = None,
                  tokenizer: Any = None, warmup: bool = True, background: bool = True,
                  dp_policy: str = "cache_aware", devices: Sequence[jax.Device] | None = None,
@@ -77,7 +78,7 @@ class DataParallelEngine:
             params, model_config, tokenizer = loaded.params, loaded.cfg, loaded.tokenizer
         elif model_config is None:
             raise ValueError("an in-memory model needs model_config as well as params")
-        self.replicas = [Engine(params=params, model_config=model_config, tokenizer=tokenizer,
+        self.replicas = [replica(params=params, model_config=model_config, tokenizer=tokenizer,
                                 warmup=warmup, background=background, devices=s,
                                 **engine_options) for s in slices]
         self.config = self.replicas[0].config

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import jax
-import numpy as np
 
 from radixjax.disagg.bootstrap import Bootstrap
 from radixjax.disagg.sides import make_side
 from radixjax.engine.config import EngineConfig, EngineConfigError, serving_form
 from radixjax.engine.dp_attention import DPAttentionScheduler
+from radixjax.engine.inputs import Prompt, batch_inputs, final_output
 from radixjax.engine.output import GenerateOutput, StreamChunk
 from radixjax.engine.request import Req
 from radixjax.engine.scheduler import EngineError, RequestError, Scheduler
@@ -42,7 +42,6 @@ from radixjax.runtime.model_runner import ModelRunner, RunnerConfig
 from radixjax.sampling.params import SamplingParams
 
 T = TypeVar("T")
-Prompt = str | Sequence[int]
 
 
 def runner_config_for(c: EngineConfig, dp_ranks: int = 1, mla: bool = False) -> RunnerConfig:
@@ -63,24 +62,6 @@ def runner_config_for(c: EngineConfig, dp_ranks: int = 1, mla: bool = False) -> 
     )
 
 
-def batch_inputs(prompts: Prompt | Sequence[Prompt], sampling_params: Any,
-                 n: int) -> tuple[bool, list[Prompt], list[Any]]:
-    """generate()'s arguments -> (a single prompt?, the prompts, one sampling_params per
-    prompt). A single prompt is text or a list of token ids."""
-    single = isinstance(prompts, str) or (
-        len(prompts) > 0 and isinstance(prompts[0], int | np.integer))
-    plist: list[Prompt] = [prompts] if single else list(prompts)  # type: ignore[list-item]
-    if not plist:
-        raise RequestError("no prompts given")
-    if n < 1:
-        raise RequestError("n must be >= 1")
-    if isinstance(sampling_params, list | tuple):
-        if len(sampling_params) != len(plist):
-            raise RequestError("need one sampling_params per prompt")
-        return single, plist, list(sampling_params)
-    return single, plist, [sampling_params] * len(plist)
-
-
 class Engine:
     """Serves one model with the radix cache and the overlap scheduler.
 
@@ -95,7 +76,7 @@ class Engine:
         if dp != 1 and cls is Engine:
             from radixjax.engine.data_parallel import DataParallelEngine
 
-            return DataParallelEngine(*args, dp=dp, **kwargs)
+            return DataParallelEngine(*args, dp=dp, replica=Engine, **kwargs)
         return super().__new__(cls)
 
     def __init__(self, model: str | Path | None = None, *, params: Params | None = None,
@@ -455,15 +436,6 @@ class Engine:
             self.scheduler.flush_cache()
             return True
         return self._call(flush)
-
-
-async def final_output(chunks: AsyncIterator[StreamChunk]) -> GenerateOutput:
-    """The GenerateOutput a request's stream ends with."""
-    last = None
-    async for chunk in chunks:
-        last = chunk
-    assert last is not None and last.output is not None
-    return last.output
 
 
 async def _as_coro(fn: Callable[[], Any]) -> Any:

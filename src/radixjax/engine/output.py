@@ -11,16 +11,55 @@ Cost per step follows the new tokens (engine/detokenizer.py), not the output so 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from radixjax.engine.detokenizer import IncrementalDetokenizer, StopMatcher
 
-if TYPE_CHECKING:
-    from radixjax.engine.request import Req, ReqStats
-
 TopLogprobs = list[tuple[int, float]]
+
+
+@dataclass
+class ReqStats:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the radix cache supplied (first admission)
+    completion_tokens: int = 0
+    num_retractions: int = 0
+    arrival: float = field(default_factory=time.perf_counter)
+    admitted: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+
+    @property
+    def queue_time(self) -> float | None:
+        return None if self.admitted is None else self.admitted - self.arrival
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def time_per_output_token(self) -> float | None:
+        if self.finished is None or self.first_token is None or self.completion_tokens < 2:
+            return None
+        return (self.finished - self.first_token) / (self.completion_tokens - 1)
+
+
+class ReqView(Protocol):
+    """What the output stage reads of a request (engine/request.py's Req)."""
+
+    rid: str
+    stats: ReqStats
+    error: str | None
+    finish_reason: str | None
+    prompt_ids: Any
+    output_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[TopLogprobs]
+    prompt_logprobs: list[float | None]
+    prompt_top_logprobs: list[TopLogprobs | None]
 
 
 @dataclass(frozen=True)
@@ -87,12 +126,12 @@ class RequestOutput:
         self._text.append(text)
         return text
 
-    def chunk(self, req: Req, new: list[int], text: str) -> StreamChunk:
+    def chunk(self, req: ReqView, new: list[int], text: str) -> StreamChunk:
         """A chunk of a running request (its finish_reason still None)."""
         return StreamChunk(text, tuple(new), None, None, *self._new_logprobs(req),
                            cached_tokens=req.stats.cached_tokens)
 
-    def last_chunk(self, req: Req, new: list[int], text: str) -> StreamChunk:
+    def last_chunk(self, req: ReqView, new: list[int], text: str) -> StreamChunk:
         """The chunk that ends `req` (finish_reason set): held-back text included."""
         text += self.flush()
         lps, tops = self._new_logprobs(req)
@@ -111,6 +150,6 @@ class RequestOutput:
         return StreamChunk(text, tuple(new), req.finish_reason, out, lps, tops,
                            cached_tokens=req.stats.cached_tokens)
 
-    def _new_logprobs(self, req: Req) -> tuple[tuple, tuple]:
+    def _new_logprobs(self, req: ReqView) -> tuple[tuple, tuple]:
         start, self._num_logprobs = self._num_logprobs, len(req.logprobs)
         return (tuple(req.logprobs[start:]), tuple(req.top_logprobs[start:]))

@@ -2,52 +2,21 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from radixjax.engine.output import OnChunk, ReqStats, RequestOutput
 from radixjax.sampling.params import SamplingParams
-
-if TYPE_CHECKING:  # output.py refers back to Req
-    from radixjax.engine.output import OnChunk, RequestOutput
 
 
 class ReqState(Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
-
-
-@dataclass
-class ReqStats:
-    prompt_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens the radix cache supplied (first admission)
-    completion_tokens: int = 0
-    num_retractions: int = 0
-    arrival: float = field(default_factory=time.perf_counter)
-    admitted: float | None = None
-    first_token: float | None = None
-    finished: float | None = None
-
-    @property
-    def queue_time(self) -> float | None:
-        return None if self.admitted is None else self.admitted - self.arrival
-
-    @property
-    def ttft(self) -> float | None:
-        return None if self.first_token is None else self.first_token - self.arrival
-
-    @property
-    def time_per_output_token(self) -> float | None:
-        if self.finished is None or self.first_token is None or self.completion_tokens < 2:
-            return None
-        return (self.finished - self.first_token) / (self.completion_tokens - 1)
-
-
 
 
 @dataclass(eq=False)

@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
+from radixjax.api.chat_roles import CHATML, role_markers
 from radixjax.engine.scheduler import EngineError, RequestError
-from radixjax.lang.chat import CHATML, role_markers
 from radixjax.sampling.params import SamplingParamsError
 from radixjax.server import native
 from radixjax.server.protocol import APIError

@@ -3,17 +3,33 @@ appended, gen and select become native /generate requests to the state's backend
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from radixjax.lang.backend import Backend
 from radixjax.lang.ir import LOGPROB_NAMES, Gen, RoleBegin, RoleEnd, Select, Seq
 
-if TYPE_CHECKING:
-    from radixjax.lang.state import ProgramState
+
+class State(Protocol):
+    """What the interpreter reads and writes of a program's state (lang/state.py's
+    ProgramState)."""
+
+    defaults: dict[str, Any]  # the run's sampling defaults
+    variables: dict[str, Any]
+    meta: dict[str, Any]
+    streaming: bool
+
+    def append(self, text: str, var: str | None = None) -> None: ...
+
+    @property
+    def current_text(self) -> str: ...
+
+    def begin_role(self, role: str) -> None: ...
+
+    def end_role(self, role: str) -> None: ...
 
 
 class Interpreter:
-    def __init__(self, state: ProgramState, backend: Backend) -> None:
+    def __init__(self, state: State, backend: Backend) -> None:
         self.state, self.backend = state, backend
 
     def execute(self, expr: Any) -> None:

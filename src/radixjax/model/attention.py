@@ -1,4 +1,5 @@
-"""Ragged paged attention: metadata, the backend interface, and backend selection.
+"""Ragged paged attention: metadata and the backend interface (the backends:
+native_attention.py, pallas_backend.py; choosing one: backends.py).
 
 A step packs the new tokens of B requests along one axis of T tokens:
 
@@ -24,7 +25,6 @@ The compiled shape holds T and B only: no backend's program depends on the conte
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import NamedTuple, Protocol
 
 import jax
@@ -135,35 +135,3 @@ def einsum_in(dtype: jnp.dtype, spec: str, a: jax.Array, b: jax.Array) -> jax.Ar
     """jnp.einsum with both operands in dtype (bf16 beside a bf16 pool), f32 sums."""
     return jnp.einsum(spec, a.astype(dtype), b.astype(dtype),
                       preferred_element_type=jnp.float32)
-
-
-BACKEND_NAMES = ("auto", "native", "pallas")  # auto: pallas on a GPU, native elsewhere
-
-
-def resolve_backend_name(name: str) -> str:
-    """"auto" -> "pallas" when JAX's default backend is a GPU, else "native"."""
-    if name not in BACKEND_NAMES:
-        raise ValueError(f"unknown attention backend {name!r}; choose from {BACKEND_NAMES}")
-    if name == "auto":
-        return "pallas" if jax.default_backend() == "gpu" else "native"
-    return name
-
-
-def get_backend(name: str, page_size: int = 1, deterministic: bool = False,
-                cpu_decode: bool = False) -> AttentionBackend:
-    """The backend function; page_size must be the allocator's page size, or 1 (always
-    valid; only the pallas backend uses it). deterministic: a token's result independent
-    of its batch (native backend only); cpu_decode: the native backend's decode tokens
-    through the CPU handler (model/cpu_decode.py)."""
-    name = resolve_backend_name(name)
-    if name == "native":
-        from radixjax.model.native_attention import native_attention
-
-        if not (deterministic or cpu_decode):
-            return native_attention
-        return partial(native_attention, deterministic=deterministic, kernel=cpu_decode)
-    if deterministic:
-        raise ValueError("deterministic inference runs on the native attention backend")
-    from radixjax.model.pallas_backend import pallas_attention  # Pallas only when asked
-
-    return partial(pallas_attention, page_size=page_size)

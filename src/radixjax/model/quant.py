@@ -78,9 +78,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from radixjax.engine.config import QUANTIZATIONS  # ("none", "w8a8_int8")
 from radixjax.model import cpu, onednn
 from radixjax.model.dense_weights import FUSED_WEIGHTS, LINEAR_WEIGHTS, OutIn, out_in_linear
+from radixjax.model.forms import QUANTIZATIONS
 from radixjax.model.params import Params
 
 

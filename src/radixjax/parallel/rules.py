@@ -29,7 +29,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from radixjax.engine.config import MOE_DISPATCH  # the engine option's one list (jax-free)
+from radixjax.model.forms import MOE_DISPATCH
 from radixjax.parallel.mesh import EXPERT_AXIS, TENSOR_AXIS, MeshConfig, make_mesh
 
 Rules = tuple[tuple[str, tuple[str, ...]], ...]

@@ -18,15 +18,10 @@ import numpy as np
 from jax import lax
 
 from radixjax.model import cpu_decode
-from radixjax.model.attention import (
-    TABLE_ALIGN,
-    AttentionMetadata,
-    BatchShape,
-    get_backend,
-    pool_dtype,
-    resolve_backend_name,
-)
+from radixjax.model.attention import TABLE_ALIGN, AttentionMetadata, BatchShape, pool_dtype
+from radixjax.model.backends import get_backend, resolve_backend_name
 from radixjax.model.config import ModelConfig
+from radixjax.model.forms import QUANTIZATIONS
 from radixjax.model.layer_stack import stack_layers
 from radixjax.model.llama import (
     KVPool,
@@ -37,7 +32,7 @@ from radixjax.model.llama import (
     lm_head,
 )
 from radixjax.model.params import Params
-from radixjax.model.quant import QUANTIZATIONS, quantize_params
+from radixjax.model.quant import quantize_params
 from radixjax.parallel.rules import Layout
 from radixjax.parallel.shard_params import kv_sharding, shard_params, sharded_config
 from radixjax.runtime.batch import DUMMY_SLOT, Buckets, HostBatch, PromptScores, TokenSource

@@ -21,10 +21,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from radixjax.api.chat_roles import role_markers
 from radixjax.disagg.bootstrap import Bootstrap
 from radixjax.engine.engine import Engine, GenerateOutput, StreamChunk
 from radixjax.engine.scheduler import EngineError, RequestError
-from radixjax.lang.chat import role_markers
 from radixjax.sampling.params import SamplingParams, SamplingParamsError
 from radixjax.server import native
 from radixjax.server.disagg_routes import disagg_routes
