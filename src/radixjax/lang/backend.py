@@ -2,7 +2,7 @@
 in SGLang's fields in, its JSON answer out), so the language above them is one piece of
 code and a program gives the same text on either:
 
-    EngineBackend(engine)       in this process: server/native.py on an Engine, no HTTP
+    EngineBackend(engine)       in this process: api/native.py on an Engine, no HTTP
     RuntimeEndpoint(url)        HTTP to any server with SGLang's native API (ours too)
 """
 
@@ -17,11 +17,11 @@ from typing import Any
 
 import httpx
 
+from radixjax.api import native
 from radixjax.api.chat_roles import CHATML, role_markers
+from radixjax.api.errors import APIError
 from radixjax.engine.scheduler import EngineError, RequestError
 from radixjax.sampling.params import SamplingParamsError
-from radixjax.server import native
-from radixjax.server.protocol import APIError
 
 
 class BackendError(RuntimeError):

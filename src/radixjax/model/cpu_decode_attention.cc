@@ -282,7 +282,7 @@ struct Work {
   int32_t base;
   float* out;
   int64_t max_chunks;
-  std::vector<float> part;  // [B, max_chunks, Hq, D + 2]: acc, m, l
+  std::unique_ptr<float[]> part;  // [B, max_chunks, Hq, D + 2]: acc, m, l (unset: not read)
   std::atomic<int64_t> next{0}, done{0};
 
   // Request b's keys: positions [lo, end) of its table row.
@@ -292,7 +292,7 @@ struct Work {
   }
 
   float* part_at(int64_t b, int64_t c) {
-    return part.data() + (b * max_chunks + c) * shape.q_heads * (shape.dim + 2);
+    return part.get() + (b * max_chunks + c) * shape.q_heads * (shape.dim + 2);
   }
 
   template <typename T>
@@ -391,7 +391,7 @@ ffi::Error DecodeAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
     longest = std::max(longest, end - lo);
   }
   work->max_chunks = std::max<int64_t>(1, (longest + kChunk - 1) / kChunk);
-  work->part.resize(qd[0] * work->max_chunks * qd[1] * (qd[2] + 2));
+  work->part.reset(new float[qd[0] * work->max_chunks * qd[1] * (qd[2] + 2)]);
   const int64_t items = qd[0] * work->max_chunks;
   const int64_t helpers = std::min<int64_t>(pool.num_threads(), items) - 1;
   for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work->take_items(); });

@@ -28,10 +28,13 @@ key block at multiples of DETERMINISTIC_BLOCK_K: extend through the per-request 
 alone, decode batched in one form at every B, so no row's bits depend on its batch.
 
 On one CPU device where model/cpu_decode.py's handler is built (kernel=True, the
-runner's default there) decode tokens go through it in either mode, each request alone
-(so deterministic as it is; SmolLM2 at B = 1 and 850 keys 15.2 -> 10.5 ms a step, B = 16
-101.7 -> 54.4): the XLA decode forms above are its fallback and reference. The extend
-path sits under a lax.cond, so a step of decodes alone skips it and its set-up.
+runner's default there) decode tokens go through it, each request alone (SmolLM2 at
+B = 1 and 850 keys 15.2 -> 10.5 ms a step, B = 16 101.7 -> 54.4); in deterministic mode
+every token does, a prompt's as a row of its own over its keys up to its position
+(kernel_tokens), so a token has the same bits as a decode and inside a prompt (and the
+prefill is faster: 512 tokens 635 -> 541 ms, 2048 4257 -> 3563). The XLA forms above
+are the fallback and reference. The extend path sits under a lax.cond, so a step of
+decodes alone skips it and its set-up.
 
 `decode_attention` and `extend_attention` are also MLA's (model/mla.py): decode reads the
 latent pool as an MQA pool, extend takes a `KeySource` that expands each key block.
@@ -538,6 +541,21 @@ def kernel_decode(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
                                        kv_len, md.layer_base, window)
 
 
+def kernel_tokens(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
+                  md: AttentionMetadata, window: int | None) -> jax.Array:
+    """q [T, Hq, Dh] (scaled) -> [T, Hq, Dh]: every token of the step through the CPU
+    handler (model/cpu_decode.py) as a row of its own over its request's keys up to its
+    position (padding tokens zero): a prompt token's numbers are those it would have as a
+    decode, so a prefix computed while decoding (a cached answer, a multi-turn history) or
+    re-prefilled (a retraction) gives the same bits."""
+    t = jnp.arange(q.shape[0], dtype=jnp.int32)
+    req = md.token_req
+    real = (t >= md.q_start[req]) & (t < md.q_start[req] + md.q_len[req])
+    return cpu_decode.decode_attention(q, k_pool, v_pool, md.req_to_token, md.req_row[req],
+                                       jnp.where(real, md.positions + 1, 0), md.layer_base,
+                                       window)
+
+
 def deterministic_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
                             md: AttentionMetadata, window: int | None,
                             kernel: bool = False) -> jax.Array:
@@ -555,19 +573,19 @@ def deterministic_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
     in RoPE, w8a16 / W8A8's integer products) a prompt's numbers are the same bits alone
     or batched, in any token bucket, chunked or not, its prefix cached or not, and a
     decode token's whatever its batch and whether its batch shares a prefix
-    (tests/model/test_deterministic.py). A 1-token extend is a decode here too; a
-    token's bits as a decode and inside a prompt differ (other products), so a
-    re-prefilled answer (a retraction, a later turn whose history is not cached) may
-    continue differently."""
+    (tests/model/test_deterministic.py). A 1-token extend is a decode here too. In
+    this XLA form a token's bits as a decode and inside a prompt may differ (other
+    products); kernel=True (kernel_tokens) runs every token the same way, so a
+    re-prefilled answer (a retraction, a later turn whose history is not cached)
+    continues as it would have."""
+    if kernel:  # every token alone, a prompt's as a decode's: the same bits either way
+        return kernel_tokens(q, k_pool, v_pool, md, window)
     num_kv_heads = k_pool.shape[1]
     keys = pool_keys(k_pool, v_pool)
     dot_dtype = jnp.bfloat16 if k_pool.dtype == BF16_BITS else jnp.float32
     is_decode = md.q_len == 1
-    if kernel:  # each request alone
-        dec = kernel_decode(q, k_pool, v_pool, md, window)
-    else:
-        dec = decode_attention(q, k_pool, v_pool, sharing(md), window,
-                               deterministic=True)  # [B, Hq, Dv]
+    dec = decode_attention(q, k_pool, v_pool, sharing(md), window,
+                           deterministic=True)  # [B, Hq, Dv]
     ext = _if_extending(md, lambda: extend_attention(
         q, keys, num_kv_heads, v_pool.shape[2],
         md._replace(q_len=jnp.where(is_decode, 0, md.q_len), shared_len=None), window,

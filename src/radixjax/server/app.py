@@ -21,12 +21,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from radixjax.api import native
 from radixjax.api.chat_roles import role_markers
+from radixjax.api.errors import APIError, bad
 from radixjax.disagg.bootstrap import Bootstrap
 from radixjax.engine.engine import Engine, GenerateOutput, StreamChunk
 from radixjax.engine.scheduler import EngineError, RequestError
 from radixjax.sampling.params import SamplingParams, SamplingParamsError
-from radixjax.server import native
 from radixjax.server.disagg_routes import disagg_routes
 from radixjax.server.formats import (
     chat_chunk,
@@ -44,7 +45,7 @@ from radixjax.server.limits import (
     read_body,
 )
 from radixjax.server.metrics import ServerMetrics
-from radixjax.server.protocol import APIError, Parsed, bad, parse_chat, parse_completion
+from radixjax.server.protocol import Parsed, parse_chat, parse_completion
 
 
 @dataclass
@@ -245,7 +246,7 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         return endpoint
 
     async def native_generate(request: Request, ticket: Ticket) -> Response:
-        """SGLang's /generate (server/native.py): one prompt or a batch, n samples each."""
+        """SGLang's /generate (api/native.py): one prompt or a batch, n samples each."""
         batch = native.parse_generate(await read_json(request))
         tokenized: dict[int, list[int]] = {}  # a prompt's n samples share one object
         for item in batch.items:

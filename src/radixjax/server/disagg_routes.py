@@ -17,9 +17,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from radixjax.api.errors import APIError, bad
 from radixjax.disagg.prefill import PrefillSide
 from radixjax.disagg.rooms import TransferError
-from radixjax.server.protocol import APIError, bad
 
 
 def disagg_routes(engine: Any, authorize: Callable[[Request], None]) -> list[Route]:

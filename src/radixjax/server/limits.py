@@ -15,7 +15,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from radixjax.server.protocol import APIError
+from radixjax.api.errors import APIError
 
 
 @dataclass(frozen=True)

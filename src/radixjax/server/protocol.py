@@ -6,27 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from radixjax.api.errors import bad
 from radixjax.disagg.bootstrap import FIELDS as BOOTSTRAP_FIELDS
 from radixjax.disagg.bootstrap import Bootstrap, BootstrapError, parse_bootstrap
 from radixjax.sampling.params import MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 type_: str = "invalid_request_error", code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.type, self.code = (
-            status, message, param, type_, code)
-        self.headers = headers
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
-
-
-def bad(message: str, param: str | None = None) -> APIError:
-    return APIError(400, message, param)
 
 
 @dataclass

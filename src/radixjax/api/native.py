@@ -16,11 +16,11 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
+from radixjax.api.errors import APIError, bad
 from radixjax.disagg.bootstrap import FIELDS as BOOTSTRAP_FIELDS
 from radixjax.disagg.bootstrap import Bootstrap, BootstrapError, parse_bootstrap
 from radixjax.engine.output import GenerateOutput, StreamChunk
 from radixjax.sampling.params import MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError
-from radixjax.server.protocol import APIError, bad
 
 REQUEST_FIELDS = {"text", "input_ids", "sampling_params", "rid", "stream", "return_logprob",
                   "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs",
