@@ -15,8 +15,8 @@ _EXPORTS = {
     "StreamChunk": "radixjax.engine.engine",
     "generate": "radixjax.engine.engine",
     "EngineConfig": "radixjax.engine.config",
-    "EngineError": "radixjax.engine.scheduler",
-    "RequestError": "radixjax.engine.scheduler",
+    "EngineError": "radixjax.engine.errors",
+    "RequestError": "radixjax.engine.errors",
     "SamplingParams": "radixjax.sampling.params",
 }
 __all__ = sorted(_EXPORTS)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from radixjax.engine.scheduler import dispatch
+from radixjax.engine.supervision import dispatch
 from radixjax.parallel.multihost import BroadcastRunner
 
 

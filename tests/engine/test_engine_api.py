@@ -12,7 +12,7 @@ import pytest
 from radixjax import Engine, SamplingParams
 from radixjax.engine.config import EngineConfig, EngineConfigError
 from radixjax.engine.engine import runner_config_for
-from radixjax.engine.scheduler import EngineError, RequestError
+from radixjax.engine.errors import EngineError, RequestError
 from radixjax.loaders import load_model
 from radixjax.sampling.params import SamplingParamsError
 from tests.tiny_models import FAST_COMPILE

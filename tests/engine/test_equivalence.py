@@ -38,12 +38,14 @@ PATHS = {
 @pytest.fixture
 def shared_steps(monkeypatch) -> list[int]:
     """The longest shared prefix of each step of >= SHARED_PREFIX_MIN_BATCH requests the
-    engines build (0: none; smaller steps never share)."""
+    engines build (0: none; smaller steps never share); each step's lengths from the
+    scheduler's PrefixMemo checked against comparing every slot."""
     seen: list[int] = []
     real = batch_module.shared_prefix_lens
 
-    def spy(reqs, num_rows=None):
-        out = real(reqs, num_rows)
+    def spy(reqs, num_rows=None, memo=None):
+        out = real(reqs, num_rows, memo)
+        assert out.tolist() == real(reqs, num_rows).tolist()
         seen.append(int(out.max(initial=0)))
         return out
 

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 
 from radixjax import Engine, SamplingParams
-from radixjax.engine.scheduler import RequestError
+from radixjax.engine.errors import RequestError
 from radixjax.grammar.backend import GrammarBackend
 from radixjax.sampling.params import SamplingParamsError
 from tests.conftest import SMOLLM2_ENGINE

@@ -35,6 +35,7 @@ from radixjax.runtime.batch import (
     ALONE_MIN_SHARE,
     SHARED_PREFIX_MIN,
     Buckets,
+    PrefixMemo,
     RequestSlice,
     build_batch,
     shared_prefix_lens,
@@ -313,6 +314,26 @@ def test_shared_prefix_is_the_largest_groups_common_run() -> None:
     # a request whose whole context is the prefix shares all but its own new token
     assert shared_prefix_lens([_slice(p), _slice(p + [1, 2])]).tolist() == [len(p) - 1] * 2
     assert shared_prefix_lens([_slice(p, q_len=len(p)), _slice(p + [1])]).tolist() == [0, 0]
+
+
+def test_prefix_memo_keeps_a_groups_length_while_its_buffers_stay() -> None:
+    """A decode step over the same group compares nothing: the length comes from the
+    memo while every member's cached slots are views of the same (append-only) buffers;
+    a member with a new buffer (its slots replaced) is compared again."""
+    n = SHARED_PREFIX_MIN
+    p = np.arange(100, 110 + n)
+    bufs = [np.concatenate([p, np.full(8, 1000 + i)]) for i in range(3)]
+    memo = PrefixMemo()
+
+    def step(k: int) -> list[RequestSlice]:  # each request decodes at position len(p)+k-1
+        return [RequestSlice(np.zeros(1, np.int32), b[: len(p) + k]) for b in bufs]
+
+    assert shared_prefix_lens(step(2), memo=memo).tolist() == [len(p)] * 3
+    bufs[0][n] = -1  # a change the contract forbids: shows that nothing was compared
+    assert shared_prefix_lens(step(3), memo=memo).tolist() == [len(p)] * 3
+    bufs[0] = np.concatenate([p[: n + 2], np.full(20, 5)])
+    assert shared_prefix_lens(step(3), memo=memo).tolist() == [n + 2] * 3
+    assert shared_prefix_lens(step(3)).tolist() == [n + 2] * 3  # the same without one
 
 
 def test_without_a_group_one_extend_takes_the_pass_alone() -> None:

@@ -193,7 +193,7 @@ def dp_attention_paths(root: Path) -> dict:
     rank recovers and serves the same outputs again. Also: tokens cached per rank, and
     the pool's shape and per-device shards."""
     from radixjax import Engine, SamplingParams
-    from radixjax.engine.scheduler import EngineError
+    from radixjax.engine.errors import EngineError
 
     kw = dict(num_slots=256, max_running=4, max_context=64, max_prefill_tokens=32,
               chunk_size=16, warmup=False, quantization="none")  # as with DP attention

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from radixjax.engine.scheduler import EngineError
+from radixjax.engine.errors import EngineError
 
 
 class KVPoll(Enum):

@@ -30,9 +30,9 @@ import numpy as np
 from radixjax.disagg.bootstrap import Bootstrap
 from radixjax.engine.config import EngineConfig, EngineConfigError
 from radixjax.engine.dp_router import DPRouter
+from radixjax.engine.errors import RequestError
 from radixjax.engine.inputs import Prompt, batch_inputs, final_output
 from radixjax.engine.output import GenerateOutput, StreamChunk
-from radixjax.engine.scheduler import RequestError
 from radixjax.loaders import load_model
 from radixjax.model.config import ModelConfig
 from radixjax.model.params import Params

@@ -20,8 +20,10 @@ from typing import Any
 
 from radixjax.engine.config import EngineConfig
 from radixjax.engine.request import Req, ReqState
-from radixjax.engine.scheduler import InFlight, Scheduler, _fetch, dispatch, supervise
+from radixjax.engine.result_processor import InFlight, fetch_results
+from radixjax.engine.scheduler import Scheduler
 from radixjax.engine.stats import EngineStats
+from radixjax.engine.supervision import dispatch, supervise
 from radixjax.runtime.batch import Buckets
 from radixjax.runtime.dp_batch import RankStep, merge_rank_steps, rank_rows
 from radixjax.runtime.model_runner import ModelRunner
@@ -136,11 +138,11 @@ class DPAttentionScheduler:
                                   bitmask_width(self.runner.cfg.vocab_size))
         out = await dispatch(self.runner, merged.host, merged.sampling, merged.opts,
                              merged.token_mask)
-        arrays = await asyncio.to_thread(_fetch, out, merged.opts)
+        arrays = await asyncio.to_thread(fetch_results, out, merged.opts)
         for rank, (s, batch) in enumerate(zip(self.ranks, batches, strict=True)):
             if batch is not None:
                 self.stats.on_step(batch.is_prefill, sum(batch.num_new))
-                s._process_host(InFlight(batch, out), rank_rows(arrays, rank, merged))
+                s.process_results(InFlight(batch, out), rank_rows(arrays, rank, merged))
         self._rank_of = {k: (s, r) for k, (s, r) in self._rank_of.items()
                          if r.state is not ReqState.FINISHED}
 

@@ -18,10 +18,11 @@ from radixjax.disagg.bootstrap import Bootstrap
 from radixjax.disagg.sides import make_side
 from radixjax.engine.config import EngineConfig, EngineConfigError, serving_form
 from radixjax.engine.dp_attention import DPAttentionScheduler
+from radixjax.engine.errors import EngineError, RequestError
 from radixjax.engine.inputs import Prompt, batch_inputs, final_output
 from radixjax.engine.output import GenerateOutput, StreamChunk
 from radixjax.engine.request import Req
-from radixjax.engine.scheduler import EngineError, RequestError, Scheduler
+from radixjax.engine.scheduler import Scheduler
 from radixjax.grammar.backend import GrammarBackend, GrammarError
 from radixjax.loaders import load_model
 from radixjax.model.config import ModelConfig

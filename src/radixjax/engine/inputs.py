@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from radixjax.engine.errors import RequestError
 from radixjax.engine.output import GenerateOutput, StreamChunk
-from radixjax.engine.scheduler import RequestError
 
 Prompt = str | Sequence[int]
 

@@ -12,6 +12,8 @@ import numpy as np
 from radixjax.engine.output import OnChunk, ReqStats, RequestOutput
 from radixjax.sampling.params import SamplingParams
 
+_NO_SLOTS = np.zeros(0, np.int64)
+
 
 class ReqState(Enum):
     WAITING = "waiting"
@@ -44,7 +46,9 @@ class Req:
     error: str | None = None  # why the engine failed this request (finish_reason "error")
     # KV ownership (valid while RUNNING)
     row: int = -1  # req_to_token row, also the device token-buffer row
-    slots: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # `slots` (below): a view of the first _num_slots entries of _slot_buf
+    _slot_buf: np.ndarray = field(default_factory=lambda: _NO_SLOTS, init=False, repr=False)
+    _num_slots: int = field(default=0, init=False, repr=False)
     num_cached: int = 0  # leading slots owned by the tree (locked via last_node)
     last_node: Any = None
     num_computed: int = 0
@@ -60,8 +64,41 @@ class Req:
     stats: ReqStats = field(default_factory=ReqStats)
 
     @property
+    def slots(self) -> np.ndarray:
+        """[n] int64: the KV slot of each position 0..n-1 (a view, grown in place)."""
+        return self._slot_buf[: self._num_slots]
+
+    @slots.setter
+    def slots(self, value: np.ndarray) -> None:
+        """Replace them all (admission, the tree's slots for duplicates, release): a
+        fresh buffer, so a view kept elsewhere (the tree, a step's upload) never changes."""
+        self._slot_buf = np.array(value, np.int64)
+        self._num_slots = len(self._slot_buf)
+
+    def append_slots(self, new: np.ndarray) -> None:
+        """Slots for the next positions, O(len(new)) amortized: written past the views
+        handed out; a full buffer is copied into one twice as large (old views stay)."""
+        n, k = self._num_slots, len(new)
+        if n + k > len(self._slot_buf):
+            buf = np.empty(max(2 * len(self._slot_buf), n + k, 64), np.int64)
+            buf[:n] = self._slot_buf[:n]
+            self._slot_buf = buf
+        self._slot_buf[n : n + k] = new
+        self._num_slots = n + k
+
+    @property
     def all_ids(self) -> list[int]:
+        """Every known token (a new list: O(context); a step reads `ids(start, end)`)."""
         return self.prompt_ids + self.output_ids
+
+    def ids(self, start: int, end: int) -> list[int]:
+        """Known tokens start..end-1, O(end - start)."""
+        p = len(self.prompt_ids)
+        if end <= p:
+            return self.prompt_ids[start:end]
+        if start >= p:
+            return self.output_ids[start - p : end - p]
+        return self.prompt_ids[start:] + self.output_ids[: end - p]
 
     @property
     def seq_len(self) -> int:

@@ -20,7 +20,7 @@ import httpx
 from radixjax.api import native
 from radixjax.api.chat_roles import CHATML, role_markers
 from radixjax.api.errors import APIError
-from radixjax.engine.scheduler import EngineError, RequestError
+from radixjax.engine.errors import EngineError, RequestError
 from radixjax.sampling.params import SamplingParamsError
 
 

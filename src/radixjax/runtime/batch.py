@@ -79,8 +79,10 @@ class RequestSlice(NamedTuple):
     """One request's share of a step."""
 
     new_tokens: np.ndarray  # [q_len] int32, tokens at positions kv_len-q_len .. kv_len-1
-    kv_slots: np.ndarray  # [kv_len] int32, slot of every position 0..kv_len-1 (a
-    # req_to_token row); the last q_len entries are where the new tokens' K/V go
+    kv_slots: np.ndarray  # [kv_len] int, slot of every position 0..kv_len-1 (a
+    # req_to_token row); the last q_len entries are where the new tokens' K/V go. A view
+    # of a buffer that outlives the step (numpy .base) must be append-only there: the
+    # positions a step saw never change (PrefixMemo relies on it; engine/request.py)
     row: int | None = None  # the request's row of the device req_to_token table and
     # token buffer; None (tests, one-off steps): rows 0, 1, .. in order, always synced
     first_from_device: bool = False  # new_tokens[0] is a placeholder: take the token the
@@ -141,7 +143,27 @@ SHARED_PREFIX_MIN = 64  # shorter common prefixes are read per request (not wort
 ALONE_MIN_SHARE = 2
 
 
-def shared_prefix_lens(reqs: list[RequestSlice], num_rows: int | None = None) -> np.ndarray:
+class PrefixMemo:
+    """The last step's shared-prefix group (the buffers its cached slots are views of)
+    and its common length. While the group is the same buffers, the length is too: they
+    only grow by appending fresh slots, which no other request holds, and a request
+    whose slots are replaced gets a new buffer. So a decode step compares nothing."""
+
+    def __init__(self) -> None:
+        self.bases: tuple[np.ndarray, ...] = ()  # held: their ids are never reused
+        self.length = 0
+
+    def get(self, bases: tuple) -> int | None:
+        same = len(bases) == len(self.bases) and all(
+            a is not None and a is b for a, b in zip(bases, self.bases, strict=True))
+        return self.length if same else None
+
+    def put(self, bases: tuple, length: int) -> None:
+        self.bases, self.length = bases, length
+
+
+def shared_prefix_lens(reqs: list[RequestSlice], num_rows: int | None = None,
+                       memo: PrefixMemo | None = None) -> np.ndarray:
     """[len(reqs)] int32: each request's share of the step's shared prefix (0: none),
     the run of slots from position 0 that a group of requests holds in common in their
     cached parts (positions before their new tokens; radix-cached prefixes are the same
@@ -151,7 +173,8 @@ def shared_prefix_lens(reqs: list[RequestSlice], num_rows: int | None = None) ->
     1 / ALONE_MIN_SHARE of the step's `num_rows` token rows (the pass computes them all):
     a long prompt's later chunk, a chat's next turn, read in the pass's large blocks, not
     the extend loop's query tiles (benchmarks/README.md, nineteenth session).
-    The prefix counts only if it is at least SHARED_PREFIX_MIN long."""
+    The prefix counts only if it is at least SHARED_PREFIX_MIN long. memo: the group's
+    length from an earlier step, if the group is the same buffers (O(B), not O(context))."""
     out = np.zeros(len(reqs), np.int32)
     cached = [np.asarray(r.kv_slots[: len(r.kv_slots) - len(r.new_tokens)]) for r in reqs]
     firsts = np.array([c[0] if len(c) else -1 for c in cached])
@@ -165,15 +188,26 @@ def shared_prefix_lens(reqs: list[RequestSlice], num_rows: int | None = None) ->
             out[best] = len(cached[best])
         return out
     (group,) = np.nonzero(firsts == values[counts.argmax()])
-    base = cached[group[0]]
-    length = len(base)
-    for i in group[1:]:
-        n = min(length, len(cached[i]))
-        differ = np.flatnonzero(base[:n] != cached[i][:n])
-        length = int(differ[0]) if differ.size else n
+    bases = tuple(cached[i].base for i in group)
+    length = memo.get(bases) if memo is not None else None
+    if length is None:
+        length = _common_run([cached[i] for i in group])
+        if memo is not None:
+            memo.put(bases, length)
     if length >= SHARED_PREFIX_MIN:
         out[group] = length
     return out
+
+
+def _common_run(slots: list[np.ndarray]) -> int:
+    """The length of the run from position 0 that every array holds in common."""
+    base = slots[0]
+    length = len(base)
+    for other in slots[1:]:
+        n = min(length, len(other))
+        differ = np.flatnonzero(base[:n] != other[:n])
+        length = int(differ[0]) if differ.size else n
+    return length
 
 
 def _alone(reqs: list[RequestSlice], cached: list[np.ndarray], rows: int) -> int | None:
@@ -189,9 +223,11 @@ def _alone(reqs: list[RequestSlice], cached: list[np.ndarray], rows: int) -> int
     return None
 
 
-def build_batch(reqs: list[RequestSlice], buckets: Buckets) -> HostBatch:
+def build_batch(reqs: list[RequestSlice], buckets: Buckets,
+                prefix_memo: PrefixMemo | None = None) -> HostBatch:
     """Pack and pad. Request rows are 0 .. max_reqs-1; row max_reqs is the spare row that
-    padded requests and tokens point at (the runner's tables have max_reqs + 1 rows)."""
+    padded requests and tokens point at (the runner's tables have max_reqs + 1 rows).
+    prefix_memo: the caller's, kept from step to step (shared_prefix_lens)."""
     spare_row = buckets.max_reqs
     if not reqs:
         raise ValueError("a step needs at least one request")
@@ -242,7 +278,7 @@ def build_batch(reqs: list[RequestSlice], buckets: Buckets) -> HostBatch:
     q_start[len(reqs) :] = start  # padded requests: empty range at the end
     shared_len = np.zeros(b, np.int32)
     if b >= SHARED_PREFIX_MIN_BATCH:  # (smaller programs have no shared-prefix pass)
-        shared_len[: len(reqs)] = shared_prefix_lens(reqs, shape.num_tokens)
+        shared_len[: len(reqs)] = shared_prefix_lens(reqs, shape.num_tokens, prefix_memo)
     md = AttentionMetadata(positions, out_slots, token_req, q_start, q_len, kv_len, req_row,
                            None, shared_len=shared_len)
     src = TokenSource(use_last, token_row, req_row, count_input, reset_row, count_sampled)

@@ -26,7 +26,7 @@ from radixjax.api.chat_roles import role_markers
 from radixjax.api.errors import APIError, bad
 from radixjax.disagg.bootstrap import Bootstrap
 from radixjax.engine.engine import Engine, GenerateOutput, StreamChunk
-from radixjax.engine.scheduler import EngineError, RequestError
+from radixjax.engine.errors import EngineError, RequestError
 from radixjax.sampling.params import SamplingParams, SamplingParamsError
 from radixjax.server.disagg_routes import disagg_routes
 from radixjax.server.formats import (

@@ -1,0 +1,297 @@
+"""Batch building: which requests run in the next step, and their host batch.
+
+    schedule():  prefill first  - chunked prefills continue, then waiting requests are
+                                  admitted in the policy's order (radix match, KV
+                                  allocated, a table row) while the token budget and
+                                  the pool's reserve for running decodes allow
+                                  (SGLang's PrefillAdder); with mixed steps, decodes ride
+                                  along
+                 else decode    - every running request one token; short of KV, the most
+                                  recently admitted are retracted (freed, requeued first)
+                 -> ScheduledBatch: the host batch (runtime/batch.py), sampling options,
+                                  the grammar bitmask
+
+Host work per step follows the new tokens: a request's tokens are read by position
+(Req.ids), its slots are a view of its slot list (appended, never rebuilt), and its
+device table row is written only where it changed (RequestSlice.sync_row), and the
+shared-prefix group's common length is remembered while the group stays (PrefixMemo).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from radixjax.cache.errors import OutOfKVSlots
+from radixjax.cache.manager import KVCacheManager
+from radixjax.cache.req_to_token import ReqToTokenPool
+from radixjax.engine.config import EngineConfig
+from radixjax.engine.constrained import build_token_mask
+from radixjax.engine.policy import SchedulePolicy, match_tokens
+from radixjax.engine.request import Req, ReqState
+from radixjax.engine.stats import EngineStats
+from radixjax.runtime.batch import HostBatch, PrefixMemo, PromptScores, RequestSlice, build_batch
+from radixjax.runtime.model_runner import ModelRunner, StepOptions
+from radixjax.sampling.params import SamplingArrays
+
+
+@dataclass
+class ScheduledBatch:
+    reqs: list[Req]
+    num_new: list[int]  # tokens each request computes in this step
+    samples: list[bool]  # whether the request's sampled token is kept
+    is_prefill: bool
+    host: HostBatch
+    opts: StepOptions
+    token_mask: np.ndarray | None  # grammar bitmask [B, ceil(V / 32)] int32, if any
+
+    def sampling(self) -> SamplingArrays:
+        return SamplingArrays.build([r.sampling for r in self.reqs],
+                                    [r.seed for r in self.reqs], self.host.shape.num_reqs)
+
+
+class BatchBuilding:
+    """The Scheduler's batch building (engine/scheduler.py holds the state it reads)."""
+
+    cfg: EngineConfig
+    runner: ModelRunner
+    kvm: KVCacheManager
+    rows: ReqToTokenPool
+    policy: SchedulePolicy
+    prefix_memo: PrefixMemo
+    stats: EngineStats
+    waiting: list[Req]
+    running: list[Req]
+    _num_decode_steps: int
+
+    finish: Callable[..., None]  # Scheduler.finish
+
+    def schedule(self) -> ScheduledBatch | None:
+        prefill = self._schedule_prefill()
+        if prefill is not None:
+            return prefill
+        return self._schedule_decode()
+
+    # -- prefill ----------------------------------------------------------------------------
+
+    def _schedule_prefill(self) -> ScheduledBatch | None:
+        budget = self.cfg.max_prefill_tokens
+        reqs: list[Req] = []
+        num_new: list[int] = []
+        # Requests in the middle of a chunked prefill continue first.
+        for r in self.running:
+            if r.is_prefilling and budget > 0:
+                n = min(r.seq_len - r.num_computed, self.cfg.chunk_size, budget)
+                reqs.append(r)
+                num_new.append(n)
+                budget -= n
+        chunking = any(n < r.seq_len - r.num_computed for r, n in zip(reqs, num_new,
+                                                                       strict=True))
+        # A full running set admits nothing: skip ordering the queue (a prefix match
+        # per waiting request) on every decode iteration.
+        if (self.waiting and budget > 0 and not chunking
+                and len(self.running) < self.cfg.max_running):
+            self._admit(reqs, num_new, budget)
+        if not reqs:
+            return None
+        num_extend = len(reqs)
+        if self.cfg.enable_mixed:
+            decodes = [r for r in self.running if r not in reqs and self._can_decode(r)]
+            decodes = self._reserve_decode_slots(decodes, may_retract=False)
+            reqs += decodes
+            num_new += [1] * len(decodes)
+        return self._build(reqs, num_new, is_prefill=True, num_extend=num_extend)
+
+    def _admit(self, reqs: list[Req], num_new: list[int], budget: int) -> None:
+        """Admit waiting requests in the policy's order into reqs / num_new."""
+        ordered = self.policy.order(self.waiting, [r for r in reqs if r.is_prefilling])
+        reserve = sum(
+            int(r.remaining_tokens * self.cfg.new_token_ratio) for r in self.running
+        )
+        for r in ordered.reqs:
+            if budget <= 0 or len(self.running) >= self.cfg.max_running:
+                break
+            if id(r) in ordered.deferred:
+                continue
+            if self.cfg.enable_cache:
+                match = self.kvm.match_and_lock(match_tokens(r), r.namespace)
+            else:
+                match = self.kvm.match_and_lock([], r.namespace)
+            cached = match.slots.size
+            need = self.kvm.round_up(r.seq_len - cached)
+            # Nothing running: admit on the prompt alone, or nothing would ever run.
+            future = int(r.remaining_tokens * self.cfg.new_token_ratio) if self.running else 0
+            if need + reserve + future > self.kvm.available_size():
+                self.kvm.tree.dec_lock_ref(match.last_node)
+                break
+            try:
+                new_slots = self.kvm.alloc(need)
+            except OutOfKVSlots:
+                self.kvm.tree.dec_lock_ref(match.last_node)
+                break
+            reserve += future
+            self._take(r, match.slots, new_slots, match.last_node)
+            n = min(r.seq_len - cached, self.cfg.chunk_size, budget)
+            reqs.append(r)
+            num_new.append(n)
+            budget -= n
+            if n < r.seq_len - cached:
+                break  # one chunked request per step
+
+    def _take(self, r: Req, cached: np.ndarray, new: np.ndarray, last_node: object) -> None:
+        """r runs from now: a table row, its cached prefix's slots and new ones."""
+        r.row = self.rows.alloc()
+        r.slots = np.concatenate([cached, new])
+        r.num_cached = r.num_computed = cached.size
+        r.last_node = last_node
+        r.state = ReqState.RUNNING
+        r.needs_count_reset = True
+        r.row_synced = False
+        if r.stats.admitted is None:
+            r.stats.admitted = self.stats.now()
+            r.stats.prompt_tokens = len(r.prompt_ids)
+            r.stats.cached_tokens = min(cached.size, len(r.prompt_ids))
+        self.waiting.remove(r)
+        self.running.append(r)
+
+    # -- decode and retraction --------------------------------------------------------------
+
+    def _can_decode(self, r: Req) -> bool:
+        return (not r.is_prefilling and r.remaining_tokens > 0
+                and r.seq_len < self.cfg.max_context)
+
+    def _schedule_decode(self) -> ScheduledBatch | None:
+        decodes = [r for r in self.running if self._can_decode(r)]
+        if not decodes:
+            return None
+        self._num_decode_steps += 1
+        every = self.cfg.retract_every
+        if every and self._num_decode_steps % every == 0 and len(decodes) > 1 \
+                and decodes[-1].num_pending == 0:
+            self._retract(decodes.pop())
+        decodes = self._reserve_decode_slots(decodes, may_retract=True)
+        if not decodes:
+            return None
+        return self._build(decodes, [1] * len(decodes), is_prefill=False)
+
+    def decode_may_retract(self) -> bool:
+        """Whether the next decode step could retract (short of KV, or the test hook):
+        then the step in flight is drained first (retraction needs its tokens)."""
+        every = self.cfg.retract_every
+        if every and (self._num_decode_steps + 1) % every == 0:
+            return True
+        return self._decode_shortfall([r for r in self.running if self._can_decode(r)]) > 0
+
+    def _decode_shortfall(self, decodes: list[Req]) -> int:
+        need = sum(self.kvm.page_size for r in decodes if r.num_computed >= r.slots.size)
+        return need - self.kvm.available_size()
+
+    def _reserve_decode_slots(self, decodes: list[Req], may_retract: bool) -> list[Req]:
+        """Give each request a slot for its next position. While the pool (free +
+        evictable) is short, retract the most recently admitted requests (run_once has
+        drained the in-flight step first), or, in a mixed step, skip decoding."""
+        if self._decode_shortfall(decodes) > 0:
+            if not may_retract or any(r.num_pending for r in decodes):
+                return []
+            while len(decodes) > 1 and self._decode_shortfall(decodes) > 0:
+                self._retract(decodes.pop())
+            if decodes and self._decode_shortfall(decodes) > 0:  # one request fills the pool
+                self.finish(decodes.pop(), "length")
+        for r in decodes:
+            if r.num_computed >= r.slots.size:
+                r.append_slots(self.kvm.alloc(self.kvm.page_size))
+        return decodes
+
+    def _retract(self, r: Req) -> None:
+        """Free a running request's KV at once (not cached) and requeue it first."""
+        assert r.num_pending == 0, "drain the in-flight step before retracting"
+        self.running.remove(r)
+        self.kvm.release(r.slots, r.last_node, r.num_cached)
+        self.rows.free(r.row)
+        r.row, r.slots, r.last_node = -1, r.slots[:0], None
+        r.num_cached = r.num_computed = 0
+        r.state = ReqState.WAITING
+        r.stats.num_retractions += 1
+        self.stats.num_retractions += 1
+        self.waiting.insert(0, r)
+
+    # -- the host batch ---------------------------------------------------------------------
+
+    def _build(self, reqs: list[Req], num_new: list[int], is_prefill: bool,
+               num_extend: int = 0) -> ScheduledBatch:
+        """num_extend: the leading requests that extend (prefill); the rest decode."""
+        slices, samples = [], []
+        for i, (r, n) in enumerate(zip(reqs, num_new, strict=True)):
+            start, end = r.num_computed, r.num_computed + n
+            from_device = r.num_pending > 0 and end == r.seq_len
+            tokens = np.array(r.ids(start, end) if not from_device
+                              else r.ids(start, end - 1) + [0], np.int32)
+            self.rows.write(r.row, start, r.slots[start:end])
+            # Penalty counts: outputs fed by an extend are (re)counted; a decode's input
+            # was counted when it was sampled.
+            count_from = len(r.prompt_ids) if i < num_extend else 1 << 30
+            slices.append(RequestSlice(
+                tokens, r.slots[:end], r.row,
+                first_from_device=from_device and n == 1, reset_counts=r.needs_count_reset,
+                count_from=count_from, count_sampled=end == r.seq_len,
+                sync_row=not r.row_synced))
+            r.needs_count_reset = False
+            r.row_synced = True
+            samples.append(end == r.seq_len)
+        host = build_batch(slices, self.runner.buckets, self.prefix_memo)
+        host = host._replace(scores=_prompt_scores(reqs[:num_extend], num_new, host))
+        mask = None
+        if any(r.grammar is not None for r in reqs):
+            mask = build_token_mask(reqs, samples, host.shape.num_reqs,
+                                    self.runner.cfg.vocab_size)
+        opts = StepOptions(  # runtime flags of the shape's one program
+            do_sample=any(not r.sampling.is_greedy for r in reqs),
+            return_logprobs=any(r.sampling.logprobs for r in reqs),
+            use_penalties=any(r.sampling.has_penalties for r in reqs),
+            use_grammar=mask is not None,
+            prompt_logprobs=host.scores is not None,
+        )
+        batch = ScheduledBatch(reqs, num_new, samples, is_prefill, host, opts, mask)
+        self._after_dispatch_bookkeeping(batch)
+        return batch
+
+    def _after_dispatch_bookkeeping(self, batch: ScheduledBatch) -> None:
+        for r, n, keep in zip(batch.reqs, batch.num_new, batch.samples, strict=True):
+            r.num_computed += n
+            if keep:
+                r.num_pending += 1
+            if batch.is_prefill and n > 1 and keep and self.cfg.enable_cache:
+                # The prefill is complete: share it now (n > 1 samples, in-batch prefix
+                # caching), not only when the request finishes. Steps run in dispatch
+                # order, so a later step reading these slots sees them written.
+                slots, r.last_node, r.num_cached = self.kvm.cache_unfinished(
+                    r.all_ids[: r.num_computed], r.slots, r.last_node, r.num_cached,
+                    r.namespace,
+                )
+                if not np.array_equal(slots[: r.num_computed], r.slots[: r.num_computed]):
+                    r.row_synced = False  # the tree's slots replaced duplicates: re-upload
+                    r.slots = slots
+
+
+def _prompt_scores(extends: list[Req], num_new: list[int],
+                   host: HostBatch) -> PromptScores | None:
+    """Where this step scores prompt tokens: each extending request that asked, at the
+    positions p of its chunk whose next prompt token p + 1 is in its scored span."""
+    scores = None
+    for i, r in enumerate(extends):
+        start = r.sampling.logprob_start_len
+        if start < 0:
+            continue
+        first = r.num_computed  # this chunk's first position (bookkeeping comes after)
+        pos = np.arange(first, first + num_new[i])
+        ok = (pos + 1 >= start) & (pos + 1 < len(r.prompt_ids))
+        if not ok.any():
+            continue
+        if scores is None:
+            scores = PromptScores.none(host.shape.num_tokens)
+        at = host.md.q_start[i] + np.nonzero(ok)[0]
+        scores.next_ids[at] = np.asarray(r.prompt_ids, np.int32)[pos[ok] + 1]
+        scores.mask[at] = True
+    return scores
