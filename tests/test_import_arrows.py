@@ -11,8 +11,10 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 LOWER = ("model", "parallel", "cache", "runtime", "sampling", "loaders", "grammar")
 UPPER = ("engine", "server", "lang", "disagg", "api")
-# the server and the frontend language share api/ (below both), never each other
-APART = {("server", "lang"), ("lang", "server"), ("api", "server"), ("api", "lang")}
+# the server and the frontend language share api/ (below both), never each other; the
+# engine sees disaggregation only through its own interface (engine/handoff.py)
+APART = {("server", "lang"), ("lang", "server"), ("api", "server"), ("api", "lang"),
+         ("engine", "disagg")}
 
 
 def _graph() -> dict[str, set[str]]:

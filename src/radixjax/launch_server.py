@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         args.dp = 1
     import uvicorn
 
+    from radixjax.disagg.sides import make_side
     from radixjax.engine.engine import Engine
     from radixjax.loaders import default_model_path
     from radixjax.server.app import ServerConfig, create_app
@@ -160,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         moe_dispatch=args.moe_dispatch, enable_dp_attention=args.enable_dp_attention,
         disaggregation_mode=args.disaggregation_mode,
         disaggregation_timeout=args.disaggregation_timeout,
+        **({"kv_handoff": make_side} if args.disaggregation_mode != "null" else {}),
         warmup=not args.no_warmup,  # every step program, before /health answers
         **({"dist": dist} if dist.is_multihost else {}),
         **({"dp": args.dp, "dp_policy": args.load_balance_method} if args.dp > 1 else {}),

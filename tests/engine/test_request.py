@@ -1,8 +1,15 @@
-"""A request's slot list and token reads: O(new) per step, views never change."""
+"""A request's slot list and token reads (O(new) per step, views never change), and a
+disaggregated prompt landing in the scheduler's KV."""
+
+import types
 
 import numpy as np
+import pytest
 
+from radixjax.cache.errors import OutOfKVSlots
+from radixjax.engine.config import EngineConfig
 from radixjax.engine.request import Req
+from radixjax.engine.scheduler import Scheduler
 from radixjax.sampling.params import SamplingParams
 
 
@@ -28,3 +35,28 @@ def test_ids_reads_prompt_and_output_by_position() -> None:
     for start in range(8):
         for end in range(start, 8):
             assert r.ids(start, end) == every[start:end]
+
+
+def test_land_prompt_caches_the_prompt_or_holds_nothing() -> None:
+    """A decode server's landing (engine/handoff.py): the prompt's KV written into fresh
+    slots and cached in the radix tree; a write that fails, or no room, holds nothing."""
+    cfg = EngineConfig(num_slots=64, max_running=2, max_context=32, max_prefill_tokens=16,
+                       chunk_size=16)
+    s = Scheduler(types.SimpleNamespace(), cfg, eos_token_ids=(0,))
+    free = s.kvm.allocator.num_free_slots
+
+    def broken(slots: np.ndarray) -> None:
+        raise RuntimeError("the transfer broke")
+
+    with pytest.raises(RuntimeError, match="broke"):
+        s.land_prompt(Req("a", list(range(3, 13)), SamplingParams(), seed=0), broken)
+    held = s.kvm.allocator.alloc(free - 5)  # (taken behind the scheduler's back)
+    with pytest.raises(OutOfKVSlots):
+        s.land_prompt(Req("b", list(range(3, 13)), SamplingParams(), seed=0), broken)
+    s.kvm.allocator.free(held)
+    assert s.kvm.allocator.num_free_slots == free and s.cached_prefix_len(range(3, 13)) == 0
+    s.check_integrity()
+    written = []
+    s.land_prompt(Req("c", list(range(3, 13)), SamplingParams(), seed=0), written.append)
+    assert len(written[0]) == 10 and s.cached_prefix_len(list(range(3, 13))) == 10
+    s.check_integrity()

@@ -3,8 +3,8 @@ its prompt's KV from the prefill server and land it in this engine's radix tree.
 
     fetch   POST {prefill}/disagg/fetch {room} (waits for the prefill) -> where to pull
     pull    the pieces over the transfer server (off the loop)
-    land    on the scheduler's loop: slots for the prompt, the pieces scattered into
-            them, the prompt inserted into the radix tree (as a finished request would)
+    land    the engine's land (engine/handoff.py), on its loop: slots for the prompt,
+            the pieces scattered into them, the prompt in the radix tree
     then    the request enters with its first token (the prefill's) already generated:
             admission finds the whole prompt cached and extends over that one token,
             exactly as a request resumed after a retraction
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -24,6 +23,7 @@ from radixjax.cache.errors import OutOfKVSlots
 from radixjax.disagg.bootstrap import Bootstrap
 from radixjax.disagg.kv_transfer import KVTransfer
 from radixjax.disagg.rooms import TransferError
+from radixjax.engine.handoff import LandKV
 from radixjax.engine.request import Req
 
 
@@ -66,9 +66,7 @@ class DecodeSide:
         except httpx.HTTPError:
             pass
 
-    async def receive(self, req: Req, b: Bootstrap,
-                      on_loop: Callable[[Callable[[], Any]], Awaitable[Any]],
-                      scheduler: Any) -> None:
+    async def receive(self, req: Req, b: Bootstrap, land: LandKV) -> None:
         try:
             reply = await self._fetch(b)
         except asyncio.CancelledError:  # the client left: so does the prefill
@@ -84,24 +82,14 @@ class DecodeSide:
                                              reply["uuids"])
         except Exception as e:  # noqa: BLE001 - the transfer server's errors are plain
             raise TransferError(f"pulling the KV failed: {e}") from e
-
-        def land() -> None:
-            kvm = scheduler.kvm
-            scheduler.validate(req)
-            root = kvm.match_and_lock([], req.namespace)
-            try:
-                slots = kvm.alloc(kvm.round_up(n))
-            except OutOfKVSlots as e:
-                kvm.tree.dec_lock_ref(root.last_node)
-                raise TransferError(f"no room for the prompt's KV here: {e}") from e
-            self.transfer.import_(pieces, slots[:n])
-            kvm.cache_finished(req.prompt_ids, slots, root.last_node, req.namespace)
-
         pulled = time.perf_counter() - t0
         first = int(reply["first_token"])
         if req.grammar is not None and not req.grammar.accept(first):
             raise TransferError("the prefill's first token breaks the request's grammar")
-        await on_loop(land)
+        try:
+            await land(req, lambda slots: self.transfer.import_(pieces, slots))
+        except OutOfKVSlots as e:
+            raise TransferError(f"no room for the prompt's KV here: {e}") from e
         req.output_ids = [first]
         if req.sampling.logprobs:  # the prefill's logprob; its top logprobs stay there
             req.logprobs = [float(reply.get("first_logprob") or 0.0)]

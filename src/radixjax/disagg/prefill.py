@@ -1,8 +1,9 @@
 """The prefill server's side: run a disaggregated request's prompt (and its first token),
 export the prompt's KV when it finishes, hand it to the decode server that fetches it.
 
-    request (room R)  -> prepare(): one new token; the scheduler calls the finish hook
-                         before the request's slots go back to the radix tree
+    request (room R)  -> prepare() (engine/handoff.py): one new token; the scheduler
+                         calls the finish hook before the request's slots go back to
+                         the radix tree
     finish hook       -> export the prompt's slots (gather, on the scheduler's loop),
                          rooms.complete(R) — or rooms.fail(R) if the request failed
     POST /disagg/fetch -> fetch(R): wait for the room, offer its pieces to the transfer
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from radixjax.disagg.bootstrap import Bootstrap
 from radixjax.disagg.kv_transfer import KVTransfer
 from radixjax.disagg.rooms import Export, PrefillRooms
 from radixjax.engine.request import Req
@@ -28,7 +30,8 @@ class PrefillSide:
         self.transfer = transfer
         self.rooms = PrefillRooms(timeout_s)
 
-    def prepare(self, req: Req, room: int) -> None:
+    def prepare(self, req: Req, bootstrap: Bootstrap) -> None:
+        room = bootstrap.room
         self.rooms.expect(room, req.rid)
         req.sampling = replace(req.sampling, max_new_tokens=1)
 

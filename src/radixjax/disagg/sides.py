@@ -1,4 +1,5 @@
-"""The engine's disaggregation side from its config: None, PrefillSide or DecodeSide."""
+"""The engine's disaggregation side from its config: None, PrefillSide or DecodeSide
+(engine/handoff.py MakeHandoff: the server passes make_side to its Engine)."""
 
 from __future__ import annotations
 

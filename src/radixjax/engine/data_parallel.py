@@ -27,7 +27,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from radixjax.disagg.bootstrap import Bootstrap
 from radixjax.engine.config import EngineConfig, EngineConfigError
 from radixjax.engine.dp_router import DPRouter
 from radixjax.engine.errors import RequestError
@@ -126,7 +125,7 @@ class DataParallelEngine:
     async def generate_stream(self, prompt: Prompt,
                               sampling_params: SamplingParams | dict | None = None,
                               index: int = 0, rid: str | None = None,
-                              bootstrap: Bootstrap | None = None,
+                              bootstrap: Any = None,
                               ) -> AsyncIterator[StreamChunk]:
         if bootstrap is not None:
             raise RequestError("disaggregation runs on single-engine servers (no --dp)")

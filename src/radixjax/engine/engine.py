@@ -14,11 +14,10 @@ from typing import Any, TypeVar
 
 import jax
 
-from radixjax.disagg.bootstrap import Bootstrap
-from radixjax.disagg.sides import make_side
 from radixjax.engine.config import EngineConfig, EngineConfigError, serving_form
 from radixjax.engine.dp_attention import DPAttentionScheduler
 from radixjax.engine.errors import EngineError, RequestError
+from radixjax.engine.handoff import KVHandoff, MakeHandoff
 from radixjax.engine.inputs import Prompt, batch_inputs, final_output
 from radixjax.engine.output import GenerateOutput, StreamChunk
 from radixjax.engine.request import Req
@@ -84,7 +83,8 @@ class Engine:
                  model_config: ModelConfig | None = None, tokenizer: Any = None,
                  warmup: bool = True, background: bool = True, dp: int = 1,
                  devices: Sequence[jax.Device] | None = None,
-                 dist: DistConfig | None = None, **engine_options: Any) -> None:
+                 dist: DistConfig | None = None, kv_handoff: MakeHandoff | None = None,
+                 **engine_options: Any) -> None:
         """warmup=True compiles (or loads from the persistent cache) every step program
         now, with a progress bar, so no request ever waits for a compile; False compiles
         each on first use. background=True runs the scheduler on a private loop in a
@@ -93,7 +93,9 @@ class Engine:
         this way). devices: the devices this engine runs on (default: every visible
         one; a data-parallel replica gets its slice). dist: this process's place in a
         multi-host cluster (jax.distributed, initialized first): rank 0 serves, every
-        other rank calls `follow()` (parallel/multihost.py)."""
+        other rank calls `follow()` (parallel/multihost.py). kv_handoff: builds this
+        engine's side of prefill-decode disaggregation (engine/handoff.py; the server
+        passes disagg.sides.make_side), needed with a disaggregation_mode."""
         if dp != 1:
             raise ValueError("dp > 1 is a DataParallelEngine: construct Engine(dp=...)")
         self.dist = dist or DistConfig()
@@ -124,7 +126,11 @@ class Engine:
                                   self.layout, device)
         if warmup:
             self.runner.warmup()
-        self.disagg = make_side(self.config, self.runner, warmup)
+        self.disagg: KVHandoff | None = (kv_handoff(self.config, self.runner, warmup)
+                                         if kv_handoff is not None else None)
+        if self.disagg is None and self.config.disaggregation_mode != "null":
+            raise ValueError("a disaggregation_mode needs its KV handoff: Engine(kv_handoff="
+                             "radixjax.disagg.sides.make_side, ...)")
         if self.dist.is_multihost:  # every rank compiles its own programs: wait for all
             wait_for_ranks("ready", self.dist.init_timeout_s)
             if self.dist.is_leader:
@@ -244,24 +250,23 @@ class Engine:
             return SamplingParams()
         return sp if isinstance(sp, SamplingParams) else SamplingParams(**sp)
 
-    async def _disaggregate(self, req: Req, bootstrap: Bootstrap) -> None:
+    async def _disaggregate(self, req: Req, bootstrap: Any) -> None:
         """Prefill engine: the request will export its prompt's KV to its room. Decode
         engine: fetch the KV and the first token from the prefill server now."""
         if self.disagg is None:
             raise RequestError("bootstrap fields need a --disaggregation-mode prefill or "
                                "decode server")
         if self.disagg.mode == "prefill":
-            self.disagg.prepare(req, bootstrap.room)
+            self.disagg.prepare(req, bootstrap)
             return
 
-        async def on_loop(fn: Callable[[], T]) -> T:  # between two step dispatches
-            async def run() -> T:
-                return await self.scheduler.between_steps(fn)
+        async def land(r: Req, write: Callable[[Any], None]) -> None:
+            async def run() -> None:  # on the scheduler's loop, between two steps
+                await self.scheduler.between_steps(lambda: self.scheduler.land_prompt(r, write))
 
-            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(run(),
-                                                                              self._loop))
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(run(), self._loop))
 
-        await self.disagg.receive(req, bootstrap, on_loop, self.scheduler)
+        await self.disagg.receive(req, bootstrap, land)
 
     def _make_req(self, ids: list[int], sp: SamplingParams, index: int,
                   rid: str | None = None) -> Req:
@@ -341,7 +346,7 @@ class Engine:
     async def generate_stream(self, prompt: Prompt,
                               sampling_params: SamplingParams | dict | None = None,
                               index: int = 0, rid: str | None = None,
-                              bootstrap: Bootstrap | None = None,
+                              bootstrap: Any = None,
                               ) -> AsyncIterator[StreamChunk]:
         """Stream one request's output as immutable chunks (engine/output.py): text
         deltas that never split a UTF-8 character or show part of a stop string, the new

@@ -23,6 +23,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
+from radixjax.cache.errors import OutOfKVSlots
 from radixjax.cache.manager import KVCacheManager
 from radixjax.cache.req_to_token import ReqToTokenPool
 from radixjax.engine.batch_builder import BatchBuilding
@@ -156,6 +159,26 @@ class Scheduler(BatchBuilding, ResultProcessing, Supervision):
             n = len(req.prompt_ids)
             owned = req.state is ReqState.RUNNING and req.num_computed >= n
             hook(req, reason, req.slots[:n] if owned and req.slots.size >= n else None)
+
+    def land_prompt(self, req: Req, write: Callable[[np.ndarray], None]) -> None:
+        """A disaggregated request's prompt KV, computed elsewhere (engine/handoff.py):
+        slots for it, `write(slots)` fills them, the prompt cached in the radix tree as a
+        finished request would leave it. Raises RequestError, OutOfKVSlots, or what
+        write raised (then nothing is held)."""
+        self.validate(req)
+        n = len(req.prompt_ids)
+        root = self.kvm.match_and_lock([], req.namespace)
+        try:
+            slots = self.kvm.alloc(self.kvm.round_up(n))
+        except OutOfKVSlots:
+            self.kvm.tree.dec_lock_ref(root.last_node)
+            raise
+        try:
+            write(slots[:n])
+        except BaseException:
+            self.kvm.release(slots, root.last_node, 0)
+            raise
+        self.kvm.cache_finished(req.prompt_ids, slots, root.last_node, req.namespace)
 
     @property
     def has_work(self) -> bool:
