@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     from radixjax.disagg.sides import make_side
     from radixjax.engine.engine import Engine
     from radixjax.loaders import default_model_path
-    from radixjax.server.app import ServerConfig, create_app
+    from radixjax.server.app import create_app
+    from radixjax.server.context import ServerConfig
 
     print("radixjax: loading the model, then compiling the step programs", file=sys.stderr,
           flush=True)

@@ -10,9 +10,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -20,9 +17,11 @@ from starlette.routing import Route
 from radixjax.api.errors import APIError, bad
 from radixjax.disagg.prefill import PrefillSide
 from radixjax.disagg.rooms import TransferError
+from radixjax.server.context import ServerContext
 
 
-def disagg_routes(engine: Any, authorize: Callable[[Request], None]) -> list[Route]:
+def disagg_routes(ctx: ServerContext) -> list[Route]:
+    engine, authorize = ctx.engine, ctx.authorize
     side = getattr(engine, "disagg", None)
     if not isinstance(side, PrefillSide):
         return []

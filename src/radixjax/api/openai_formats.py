@@ -6,8 +6,8 @@ import time
 import uuid
 from typing import Any
 
-from radixjax.engine.engine import GenerateOutput, StreamChunk
-from radixjax.server.protocol import Parsed
+from radixjax.api.openai_protocol import Parsed
+from radixjax.engine.output import GenerateOutput, StreamChunk
 
 
 def usage(outs: list[GenerateOutput]) -> dict[str, Any]:

@@ -1,0 +1,199 @@
+"""What every route module of the server shares: the engine, the server's config and
+metrics, authorization, body reading, tokenization off the loop, one request run through
+the engine, admission (503 past the limit) and server-sent-event streams."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from radixjax.api.errors import APIError, bad
+from radixjax.engine.engine import Engine, GenerateOutput, StreamChunk
+from radixjax.engine.errors import EngineError, RequestError
+from radixjax.sampling.params import SamplingParams, SamplingParamsError
+from radixjax.server.limits import (
+    Admission,
+    Limits,
+    Ticket,
+    check_prompt_chars,
+    longest_token_chars,
+    read_body,
+)
+from radixjax.server.metrics import ServerMetrics
+
+Emit = Callable[[int, StreamChunk], Awaitable[None]]  # (sample index, chunk)
+
+
+@dataclass
+class ServerConfig:
+    model_name: str
+    api_key: str | None = None
+    default_max_tokens: int = 256
+    enable_debug: bool = False  # POST /debug/inject_fault (tests of the supervision)
+    limits: Limits = field(default_factory=Limits)
+    model_path: str | None = None  # what /get_model_info reports (default: model_name)
+
+
+class ClientGone(Exception):
+    """The client of a non-streaming request disconnected; its requests were aborted."""
+
+
+async def while_connected(request: Request, work: Any) -> Any:
+    """Await `work` (a coroutine) unless the client disconnects first: then cancel it,
+    which aborts its engine requests and frees their KV."""
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()  # the client left (or this handler was cancelled)
+    if not task.done():
+        raise ClientGone()
+    return task.result()
+
+
+def sse(obj: Any) -> bytes:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+
+
+def sse_stream(produce: Callable[[Callable[[Any], None]], Awaitable[None]],
+               ticket: Ticket, first: list[Any] = ()) -> StreamingResponse:
+    """A stream of server-sent events: `first` bodies, then what produce(put) puts as
+    the requests run (an APIError becomes an error event), then [DONE]. A client that
+    goes away cancels produce (its requests abort); the ticket is released at the end."""
+    async def body() -> AsyncIterator[bytes]:
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        for obj in first:
+            queue.put_nowait(sse(obj))
+
+        async def run() -> None:
+            try:
+                await produce(lambda obj: queue.put_nowait(sse(obj)))
+            except APIError as e:
+                queue.put_nowait(sse(e.body()))
+            queue.put_nowait(None)
+
+        task = asyncio.create_task(run())
+        try:
+            while (item := await queue.get()) is not None:
+                yield item
+            yield b"data: [DONE]\n\n"
+        finally:
+            task.cancel()
+            ticket.release()
+
+    return StreamingResponse(body(), media_type="text/event-stream")
+
+
+class ServerContext:
+    def __init__(self, engine: Engine, config: ServerConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.tok = engine.tokenizer
+        self.metrics = ServerMetrics()
+        self.admission = Admission(config.limits.max_concurrent_requests)
+        self._longest_token = longest_token_chars(self.tok)
+        self._expected_auth = f"Bearer {config.api_key}".encode()
+
+    def authorize(self, request: Request) -> None:
+        if self.config.api_key is None:
+            return
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, self._expected_auth):  # constant time
+            raise APIError(401, "Incorrect or missing API key", type_="authentication_error",
+                           code="invalid_api_key")
+
+    async def read_json(self, request: Request) -> Any:
+        raw = await read_body(request, self.config.limits.max_request_bytes)
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise bad(f"invalid JSON body: {e}") from e
+
+    async def tokenize_chat(self, messages: list[dict]) -> list[int]:
+        """The chat template rendered and tokenized in a worker thread, off the
+        scheduler's loop; a text that cannot fit the context is refused first."""
+        check_prompt_chars(sum(len(m["content"]) for m in messages), self._longest_token,
+                           self.engine.config.max_context)
+        tok = self.tok
+        if tok is None or not getattr(tok, "chat_template", None):
+            raise bad("this model has no chat template")
+
+        def render() -> list[int]:
+            text = tok.apply_chat_template(messages, add_generation_prompt=True,
+                                           tokenize=False)
+            return tok(text, add_special_tokens=False).input_ids
+        return await asyncio.to_thread(render)
+
+    async def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, list):
+            return prompt
+        check_prompt_chars(len(prompt), self._longest_token, self.engine.config.max_context)
+        if self.tok is None:
+            raise bad("this model has no tokenizer: send token ids")
+        return await asyncio.to_thread(lambda: self.tok(prompt).input_ids)
+
+    async def run_one(self, ids: list[int], sp: SamplingParams, index: int,
+                      emit: Emit | None, rid: str | None = None,
+                      bootstrap: Any = None) -> GenerateOutput:
+        """One request through the engine, each chunk to emit (if any), timed for the
+        metrics; the engine's refusals as 400, its failures as 500."""
+        start, last = time.perf_counter(), None
+        out = None
+        try:
+            async for chunk in self.engine.generate_stream(ids, sp, index, rid, bootstrap):
+                now = time.perf_counter()
+                if chunk.token_ids:
+                    self.metrics.observe_token(now - (last or start), first=last is None)
+                    last = now
+                if emit is not None:
+                    await emit(index, chunk)
+                out = chunk.output or out
+        except (RequestError, SamplingParamsError) as e:
+            raise bad(str(e)) from e
+        except EngineError as e:
+            raise APIError(500, f"the engine failed while serving this request: {e}",
+                           type_="internal_error", code="engine_error") from e
+        assert out is not None
+        self.metrics.on_finished(out)
+        return out
+
+    def admitted(self, handler: Callable[[Request, Ticket], Awaitable[Response]]
+                 ) -> Callable[[Request], Awaitable[Response]]:
+        """A generation endpoint: counted in progress from here until its response (or its
+        stream) ends; past the limit, 503 with Retry-After."""
+        async def endpoint(request: Request) -> Response:
+            self.authorize(request)
+            ticket = self.admission.enter()
+            try:
+                response = await handler(request, ticket)
+            except BaseException:
+                ticket.release()
+                raise
+            if isinstance(response, StreamingResponse):  # its body releases; or this
+                response.background = BackgroundTask(ticket.release)
+            else:
+                ticket.release()
+            return response
+        return endpoint
+
+    def authorized(self, handler: Callable[[Request], Awaitable[Response]]
+                   ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            self.authorize(request)
+            return await handler(request)
+        return endpoint
