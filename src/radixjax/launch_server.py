@@ -121,7 +121,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--node-rank", type=int, default=0,
                    help="this process's rank: 0 serves HTTP, the others follow its steps")
     g.add_argument("--dist-init-addr", default=None,
-                   help="HOST:PORT of rank 0's jax.distributed coordination service")
+                   help="HOST:PORT of rank 0's jax.distributed coordination service (it "
+                        "listens there only); an address other machines can reach needs "
+                        "the same RADIXJAX_DIST_SECRET in every node's environment")
     g.add_argument("--dist-timeout", type=int, default=10,
                    help="seconds without a heartbeat after which a rank counts as dead")
     return p.parse_args(argv)
@@ -131,7 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from radixjax.parallel.multihost import DistConfig, MultiHostError
 
-    dist = DistConfig(args.nnodes, args.node_rank, args.dist_init_addr, args.dist_timeout)
+    secret = os.environ.get("RADIXJAX_DIST_SECRET")
+    try:
+        dist = DistConfig(args.nnodes, args.node_rank, args.dist_init_addr, args.dist_timeout,
+                          secret=secret.encode() if secret else None)
+    except ValueError as e:
+        raise SystemExit(f"radixjax: {e}") from e
     if dist.is_multihost and args.dp > 1:
         raise SystemExit("--dp with --nnodes is not supported: one engine spans the hosts")
     if args.enable_dp_attention:  # SGLang's --dp N --enable-dp-attention: N ranks, one engine
@@ -171,10 +178,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"radixjax: rank {dist.node_rank} of {dist.nnodes} ready, following rank 0",
               file=sys.stderr, flush=True)
         try:
-            engine.follow()
+            fail_at = os.environ.get("RADIXJAX_DEBUG_FOLLOWER_FAIL_AT")  # test hook
+            engine.follow(int(fail_at) if fail_at and args.enable_debug_endpoints else None)
         except MultiHostError as e:
             print(f"radixjax: rank {dist.node_rank}: {e}", file=sys.stderr, flush=True)
-            return 1
+            # At once: jax's exit handler would wait at the shutdown barrier for a rank 0
+            # that may be alive (this rank failed alone) and stuck waiting for this one.
+            os._exit(1)
         return 0
     path = str(args.model or default_model_path())
     name = args.served_model_name or os.path.basename(path).removesuffix(".gguf")

@@ -39,8 +39,10 @@ SEEDED = [{"temperature": 1.0, "top_p": 0.9, "seed": 10 + i} for i in range(4)]
 
 def env() -> dict:
     # XLA's backend optimisation off: the tiny model is compile-bound, numbers unchanged.
+    # The steps signed with a cluster secret (parallel/wire.py), as across machines.
     return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
-                XLA_FLAGS="--xla_backend_optimization_level=0")
+                XLA_FLAGS="--xla_backend_optimization_level=0",
+                RADIXJAX_DIST_SECRET="a secret the test ranks share")
 
 
 def launch_rank(model: Path, rank: int, coordinator: int, extra: list[str] = ()) -> Launched:
@@ -194,6 +196,35 @@ def test_killing_rank_1_ends_rank_0(cluster) -> None:
     assert code not in (None, 0), log[-2000:]
     assert "unhealthy" in log or "Gloo" in log, log[-2000:]
     assert time.monotonic() - t0 < 30
+
+
+def test_a_follower_failing_alone_ends_both_ranks(model) -> None:
+    """Rank 1's own call fails (its test hook), rank 0's does not: rank 1 sees that rank 0
+    went on without a reset and exits; rank 0 loses it, the request in flight gets an
+    error, and rank 0 exits within its heartbeat timeout; nothing hangs."""
+    coordinator = free_port()
+    launched = [launch_server(
+        ["--tp", "2", "--nnodes", "2", "--node-rank", str(rank), "--no-warmup",
+         "--dist-init-addr", f"127.0.0.1:{coordinator}", "--enable-debug-endpoints"],
+        ["--model", str(model), *FLAGS], dict(env(), RADIXJAX_DEBUG_FOLLOWER_FAIL_AT="3"))
+        for rank in (1, 0)]
+    follower, leader = launched
+    try:
+        wait_healthy(leader)
+        t0 = time.monotonic()
+        try:
+            r = httpx.post(leader.url + "/generate", timeout=60, json={
+                "text": PROMPTS[3], "sampling_params": {"max_new_tokens": 40}})
+            assert r.status_code >= 500, r.text
+        except httpx.HTTPError:
+            pass  # rank 0 went down with the request
+        code, log = exit_code(follower, timeout=30)
+        assert code not in (None, 0) and "failed alone" in log, log[-2000:]
+        code, log = exit_code(leader, timeout=30)
+        assert code not in (None, 0), log[-2000:]
+        assert time.monotonic() - t0 < 60
+    finally:
+        stop(*launched)
 
 
 @pytest.mark.parametrize("how", ["stop", "kill"])

@@ -37,8 +37,9 @@ from radixjax.parallel.multihost import (
 )
 from radixjax.parallel.rules import layout_for
 from radixjax.parallel.shard_params import placer_for
+from radixjax.parallel.wire import Wire
 from radixjax.runtime.compile_cache import enable_persistent_cache
-from radixjax.runtime.model_runner import ModelRunner, RunnerConfig
+from radixjax.runtime.model_runner import STEP_WIRE_TYPES, ModelRunner, RunnerConfig
 from radixjax.sampling.params import SamplingParams
 
 T = TypeVar("T")
@@ -134,7 +135,7 @@ class Engine:
         if self.dist.is_multihost:  # every rank compiles its own programs: wait for all
             wait_for_ranks("ready", self.dist.init_timeout_s)
             if self.dist.is_leader:
-                self.runner = BroadcastRunner(self.runner, CallChannel())
+                self.runner = BroadcastRunner(self.runner, self._channel())
         eos = tuple(self.model_config.eos_token_ids)
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             eos = tuple(sorted(set(eos) | {self.tokenizer.eos_token_id}))
@@ -170,13 +171,17 @@ class Engine:
             self._task = None
         self._stop_followers()
 
-    def follow(self) -> None:
+    def follow(self, fail_at: int | None = None) -> None:
         """Multi-host, rank > 0: make rank 0's device calls until rank 0 stops; raises
-        MultiHostError when rank 0 dies."""
+        MultiHostError when rank 0 dies, or when a call fails on this rank alone.
+        fail_at: test hook, the n-th call fails here."""
         if not self.dist.is_multihost or self.dist.is_leader:
             raise RuntimeError("follow() is for the ranks > 0 of a multi-host engine")
-        follow(self.runner, CallChannel())
+        follow(self.runner, self._channel(), self.dist.heartbeat_timeout_s, fail_at)
         shutdown_distributed()
+
+    def _channel(self) -> CallChannel:
+        return CallChannel(Wire(STEP_WIRE_TYPES, self.dist.secret))
 
     def _stop_followers(self) -> None:
         """Multi-host, rank 0: tell the other ranks to stop, then leave the cluster with

@@ -144,6 +144,11 @@ class StepOutput(NamedTuple):
         return self.sample.tokens
 
 
+# What a step's call carries between hosts (parallel/wire.py builds only these)
+STEP_WIRE_TYPES = (HostBatch, AttentionMetadata, BatchShape, TokenSource, PromptScores,
+                   SamplingArrays, StepOptions)
+
+
 def _step(
     params: Params, kv: KVPool, table: jax.Array, last_tokens: jax.Array, counts: jax.Array,
     input_ids: jax.Array, src: TokenSource, scores: PromptScores, md: AttentionMetadata,
