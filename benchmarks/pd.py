@@ -126,7 +126,9 @@ def main() -> None:
     servers: list[RunningServer] = []
     try:
         for name, port in (("prefill", args.port + 2), ("decode", args.port + 3)):
-            servers.append(start_ours(name, port, ["--disaggregation-mode", name],
+            follows = (["--disaggregation-prefill-hosts", f"127.0.0.1:{args.port + 2}"]
+                       if name == "decode" else [])
+            servers.append(start_ours(name, port, ["--disaggregation-mode", name, *follows],
                                       RESULTS, warm))
         prefill, decode = (s.spec.url for s in servers)
         router = pd_router(args.port, prefill, decode)

@@ -11,6 +11,8 @@ import argparse
 import os
 import sys
 import time
+from functools import partial
+from typing import Any
 
 from radixjax.engine.config import (
     DISAGGREGATION_MODES,
@@ -115,6 +117,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "the KV from the prefill server named in each request, then decode")
     g.add_argument("--disaggregation-timeout", type=float, default=30.0,
                    help="seconds a room waits for its prefill, its fetch or its pull")
+    g.add_argument("--disaggregation-prefill-hosts", nargs="+", default=[], metavar="HOST:PORT",
+                   help="decode: the prefill servers (their HTTP HOST:PORT, as the router's "
+                        "--prefill URLs) a request's bootstrap fields may name; any other "
+                        "is refused with a 400 and never contacted")
+    g.add_argument("--disaggregation-transfer-host", default="127.0.0.1",
+                   help="the address this server's KV transfer server listens on and gives "
+                        "its peers: one the other servers of the pair can reach")
     g = p.add_argument_group("multi-host on jax.distributed (docs/scale_out.md)")
     g.add_argument("--nnodes", type=int, default=1,
                    help="processes (hosts) in the cluster; --tp spans all their devices")
@@ -127,6 +136,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--dist-timeout", type=int, default=10,
                    help="seconds without a heartbeat after which a rank counts as dead")
     return p.parse_args(argv)
+
+
+def pd_options(args: argparse.Namespace) -> Any:
+    from radixjax.disagg.bootstrap import BootstrapError
+    from radixjax.disagg.sides import PDOptions
+
+    if args.disaggregation_mode == "decode" and not args.disaggregation_prefill_hosts:
+        raise SystemExit("radixjax: a decode server needs --disaggregation-prefill-hosts "
+                         "HOST:PORT ... (the prefill servers it may fetch KV from)")
+    try:
+        return PDOptions(tuple(args.disaggregation_prefill_hosts),
+                         args.disaggregation_transfer_host, args.api_key)
+    except BootstrapError as e:
+        raise SystemExit(f"radixjax: --disaggregation-prefill-hosts: {e}") from e
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         moe_dispatch=args.moe_dispatch, enable_dp_attention=args.enable_dp_attention,
         disaggregation_mode=args.disaggregation_mode,
         disaggregation_timeout=args.disaggregation_timeout,
-        **({"kv_handoff": make_side} if args.disaggregation_mode != "null" else {}),
+        **({"kv_handoff": partial(make_side, options=pd_options(args))}
+           if args.disaggregation_mode != "null" else {}),
         warmup=not args.no_warmup,  # every step program, before /health answers
         **({"dist": dist} if dist.is_multihost else {}),
         **({"dp": args.dp, "dp_policy": args.load_balance_method} if args.dp > 1 else {}),

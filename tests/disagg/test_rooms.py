@@ -4,6 +4,7 @@ the KV format, host-side only."""
 from __future__ import annotations
 
 import asyncio
+import time
 import types
 
 import httpx
@@ -45,7 +46,7 @@ def test_failed_and_timed_out_rooms_raise_and_are_removed() -> None:
         with pytest.raises(TransferError, match="within 0.05 s"):
             await rooms.take(4, timeout_s=0.05)  # never prefilled
         assert len(rooms) == 0 and rooms.num_failed == 2
-        rooms.complete(4, EXPORT)  # late: a fresh room, swept after 2 x timeout
+        rooms.complete(4, EXPORT)  # late: a fresh room, swept after 2 x timeout (a timer)
         assert len(rooms) == 1
 
     asyncio.run(run())
@@ -63,19 +64,69 @@ def test_bootstrap_fields() -> None:
             parse_bootstrap(bad, 1, False)
 
 
-def test_the_decode_side_refuses_kv_pieces_of_another_format(monkeypatch) -> None:
-    """A PD pair whose pools differ (another model, or --kv-cache-dtype) fails the request
-    with a TransferError naming both formats, before pulling anything."""
+def fake_prefill_answers(monkeypatch, status: int, body: object) -> None:
     def prefill_server(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, json={"prompt_len": 5, "first_token": 7, "uuids": [1],
-                                         "address": "x", "piece": "float32[2, 256, 1, 8]"})
+        return httpx.Response(status, json=body)
 
     client = httpx.AsyncClient
     monkeypatch.setattr(decode.httpx, "AsyncClient", lambda **kw: client(
         transport=httpx.MockTransport(prefill_server), **kw))
-    side = decode.DecodeSide(types.SimpleNamespace(piece_format="uint16[2, 256, 1, 8]"), 5)
-    b = Bootstrap(host="127.0.0.1", port=1, room=3)
+
+
+REPLY = {"prompt_len": 5, "first_token": 7, "uuids": [1], "address": "x",
+         "piece": "float32[2, 256, 1, 8]", "fingerprint": "abc"}
+B = Bootstrap(host="127.0.0.1", port=1, room=3)
+
+
+def decode_side(piece: str = "float32[2, 256, 1, 8]", fingerprint: str = "abc"):
+    transfer = types.SimpleNamespace(piece_format=piece, fingerprint=fingerprint)
+    return decode.DecodeSide(transfer, 5, {("127.0.0.1", 1)})
+
+
+def test_the_decode_side_refuses_kv_of_another_format_or_model(monkeypatch) -> None:
+    """A PD pair whose pools differ (another model, or --kv-cache-dtype) fails the request
+    with a TransferError naming both formats, before pulling anything; the same format
+    of another model's weights (its fingerprint) too."""
+    fake_prefill_answers(monkeypatch, 200, REPLY)
     with pytest.raises(TransferError, match=r"float32\[2, 256, 1, 8\].*uint16.*kv-cache-dtype"):
-        asyncio.run(side._fetch(b))
-    side.transfer.piece_format = "float32[2, 256, 1, 8]"
-    assert asyncio.run(side._fetch(b))["uuids"] == [1]
+        asyncio.run(decode_side(piece="uint16[2, 256, 1, 8]")._fetch(B))
+    with pytest.raises(TransferError, match="serves another model"):
+        asyncio.run(decode_side(fingerprint="other")._fetch(B))
+    assert asyncio.run(decode_side()._fetch(B))["uuids"] == [1]
+
+
+@pytest.mark.parametrize("status, body, says", [
+    (200, {**REPLY, "uuids": ["x"]}, "something else"),
+    (200, [1, 2], "something else"),
+    (200, {**REPLY, "first_token": "7"}, "something else"),
+    (409, {"error": {"type": "transfer_error", "message": "room 3: the prefill ended"}},
+     "room 3: the prefill ended"),
+    (409, {"error": {"type": "other", "message": "PEER TEXT"}}, "HTTP 409"),
+    (500, {"error": {"type": "transfer_error", "message": "PEER TEXT"}}, "HTTP 500"),
+])
+def test_what_a_prefill_server_answers_is_checked_not_echoed(monkeypatch, status, body,
+                                                            says) -> None:
+    """Only our protocol's own reason for a failed room goes back to the client; any
+    other answer is named by its status, and a reply without our fields is refused."""
+    fake_prefill_answers(monkeypatch, status, body)
+    with pytest.raises(TransferError, match=says) as e:
+        asyncio.run(decode_side()._fetch(B))
+    assert "PEER TEXT" not in str(e.value)
+
+
+def test_a_prefill_server_outside_the_allow_list_is_a_request_error() -> None:
+    from radixjax.engine.errors import RequestError
+
+    with pytest.raises(RequestError, match="disaggregation-prefill-hosts"):
+        decode_side()._check_allowed(Bootstrap(host="127.0.0.1", port=2, room=3))
+    decode_side()._check_allowed(B)
+
+
+def test_rooms_are_swept_on_a_timer_and_their_bytes_counted() -> None:
+    rooms = PrefillRooms(timeout_s=0.1, sweep_s=0.05)
+    rooms.complete(1, Export(5, 7, None, pieces=["k", "v", "k2"]))
+    assert rooms.num_pieces() == 3 and len(rooms) == 1
+    deadline = time.monotonic() + 5
+    while len(rooms) and time.monotonic() < deadline:  # nobody touches the table
+        time.sleep(0.02)
+    assert len(rooms) == 0 and rooms.num_pieces() == 0 and rooms.num_failed == 1

@@ -88,11 +88,12 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.wait(timeout=15)
 
 
-def wait_idle(url: str, timeout: float = 30.0) -> dict:
+def wait_idle(url: str, timeout: float = 30.0, headers: dict | None = None) -> dict:
     """Server stats once no request runs or waits and no KV is held by requests."""
     deadline = time.monotonic() + timeout
     while True:
-        stats = httpx.get(url + "/get_server_info", timeout=10).json()["stats"]
+        stats = httpx.get(url + "/get_server_info", timeout=10,
+                          headers=headers).json()["stats"]
         idle = stats["num_running"] == 0 and stats["num_waiting"] == 0 and stats["kv_held"] == 0
         if idle or time.monotonic() > deadline:
             return stats

@@ -9,13 +9,22 @@ decodes.
 Checks: 32 greedy requests with shared prefixes (some longer than one 256-token piece),
 8 at a time, give the unified server's text, with one decode server and with two (both
 used); chat too; a fetch the prefill never answers times out with a clear error; a
-killed prefill server gives clients a clear error; KV integrity holds on the survivors."""
+killed prefill server gives clients a clear error; KV integrity holds on the survivors.
+Hostile and failing peers: a bootstrap_host outside the decode server's allow-list is a
+400 and never contacted; a prefill server that refuses a request fails its room at once;
+one that answers garbage, hangs, dies mid-answer or refuses (with a body the client must
+not see) fails the decode request with the reason, within the timeout; a keyed pair
+(--api-key) whose prefill transfer server listens on another loopback address."""
 
 from __future__ import annotations
 
+import http.server
+import json
 import os
 import signal
+import socket
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -60,10 +69,54 @@ def model(tiny_model_dir, tmp_path_factory) -> Path:
                                 tmp_path_factory.mktemp("pd") / MODEL)
 
 
+class FakePrefill:
+    """A "prefill server" that misbehaves by room: 1 answers text that is not JSON, 2
+    never answers (within the test), 3 closes the connection, 4 refuses with a 503 whose
+    body carries a marker the decode server's client must not see."""
+
+    MARKER = "SECRET-FROM-THE-PEER"
+
+    def __init__(self) -> None:
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                fake.seen.append((self.path, body))
+                room = body.get("room")
+                if room == 2:
+                    time.sleep(20)
+                if room == 3:
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                status, text = (200, "not json") if room == 1 else (503, fake.MARKER)
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(text)))
+                self.end_headers()
+                self.wfile.write(text.encode())
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.seen: list[tuple[str, dict]] = []
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
 @pytest.fixture(scope="module")
-def pd(model):
-    """(unified, prefill, [decode, decode with a 5 s timeout]) server URLs. The unified
-    server compiles first; the others then load its programs from the cache."""
+def fake_prefill() -> FakePrefill:
+    fake = FakePrefill()
+    yield fake
+    fake.server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def pd(model, fake_prefill):
+    """(unified, prefill, [decode, decode with a 5 s timeout]) server URLs; the decode
+    servers follow the prefill server and the fake one. The unified server compiles
+    first; the others then load its programs from the cache."""
     env = dict(os.environ, XLA_FLAGS="--xla_backend_optimization_level=0")  # tiny model
 
     def launch(extra: list[str]) -> object:
@@ -72,10 +125,12 @@ def pd(model):
     launched = [launch([])]
     try:
         wait_healthy(launched[0])
-        launched += [launch(["--disaggregation-mode", "prefill"]),
-                     launch(["--disaggregation-mode", "decode"]),
+        launched.append(launch(["--disaggregation-mode", "prefill"]))
+        hosts = ["--disaggregation-prefill-hosts", launched[1].url.removeprefix("http://"),
+                 f"127.0.0.1:{fake_prefill.port}"]
+        launched += [launch(["--disaggregation-mode", "decode", *hosts]),
                      launch(["--disaggregation-mode", "decode", "--disaggregation-timeout",
-                             "5"])]
+                             "5", *hosts])]
         urls = [wait_healthy(x)[1] for x in launched]
         yield urls[0], urls[1], urls[2:]
     finally:
@@ -160,11 +215,18 @@ def test_a_client_leaving_the_decode_server_aborts_the_room(pd) -> None:
         return httpx.get(prefill + "/get_server_info", timeout=10).json()["stats"][
             "disagg_failed"]
 
-    before = failed()
+    def rooms() -> int:
+        return httpx.get(prefill + "/get_server_info", timeout=10).json()["stats"][
+            "disagg_rooms"]
+
+    before, held = failed(), rooms()
     with httpx.stream("POST", decodes[0] + "/generate", timeout=30, json={
             "text": PROMPTS[0], "stream": True, "sampling_params": GREEDY,
             "bootstrap_host": host, "bootstrap_port": int(port), "bootstrap_room": 777}):
-        time.sleep(1.0)  # the decode server is waiting for room 777
+        deadline = time.monotonic() + 10
+        while rooms() == held and time.monotonic() < deadline:  # the fetch is waiting
+            time.sleep(0.05)
+        assert rooms() == held + 1
     deadline = time.monotonic() + 10
     while failed() == before and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -192,10 +254,121 @@ def test_a_failed_prefill_fails_the_decode_request(pd) -> None:
 
 def test_bad_bootstrap_fields_are_400(pd) -> None:
     _, _, decodes = pd
-    r = httpx.post(decodes[0] + "/generate", timeout=30, json={
-        "text": "Hi", "bootstrap_host": "127.0.0.1", "bootstrap_port": "x",
-        "bootstrap_room": 1})
-    assert r.status_code == 400 and "bootstrap_port" in r.text
+    for fields, says in (({"bootstrap_host": "127.0.0.1", "bootstrap_port": "x"},
+                          "bootstrap_port"),
+                         ({"bootstrap_host": "evil.example/x#", "bootstrap_port": 80},
+                          "bootstrap_host")):
+        r = httpx.post(decodes[0] + "/generate", timeout=30, json={
+            "text": "Hi", "bootstrap_room": 1, **fields})
+        assert r.status_code == 400 and says in r.text, r.text
+
+
+def test_a_prefill_server_outside_the_allow_list_is_never_contacted(pd) -> None:
+    """SSRF: a bootstrap_host:port the decode server was not told of is a 400; nothing
+    connects to it."""
+    _, _, decodes = pd
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(1.0)
+        r = httpx.post(decodes[0] + "/generate", timeout=30, json={
+            "text": "Hi", "bootstrap_host": "127.0.0.1",
+            "bootstrap_port": listener.getsockname()[1], "bootstrap_room": 5})
+        assert r.status_code == 400 and "--disaggregation-prefill-hosts" in r.text, r.text
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    integrity(decodes[0])
+
+
+def test_a_refused_prefill_fails_its_room_at_once(pd) -> None:
+    """The prefill server refuses its half (a bad sampling value: 400); the decode
+    server's client hears that reason at once, not after the 30 s timeout."""
+    _, prefill, decodes = pd
+    host, port = prefill.removeprefix("http://").split(":")
+    fields = {"bootstrap_host": host, "bootstrap_port": int(port), "bootstrap_room": 999}
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(2) as pool:
+        on_decode = pool.submit(httpx.post, decodes[0] + "/generate", timeout=60, json={
+            "text": PROMPTS[6], "sampling_params": GREEDY, **fields})
+        r = httpx.post(prefill + "/generate", timeout=60, json={
+            "text": PROMPTS[6], "sampling_params": {"temperature": -1}, **fields})
+        assert r.status_code == 400, r.text
+        r = on_decode.result()
+    assert r.status_code == 500 and "refused the request" in r.text, r.text
+    assert "temperature" in r.text and time.monotonic() - t0 < 15
+    for url in (prefill, decodes[0]):
+        integrity(url)
+
+
+@pytest.mark.parametrize("room, says", [(1, "answered something else"),
+                                        (2, "did not answer"), (3, "did not answer"),
+                                        (4, "HTTP 503")])
+def test_a_misbehaving_prefill_server_fails_the_request_with_the_reason(
+        pd, fake_prefill, room, says) -> None:
+    """Garbage, a hang, a dropped connection, a refusal: the decode request fails with
+    the reason within its timeout (5 s + the fetch's slack), the peer's body is not
+    shown, the decode server keeps its KV whole and keeps serving."""
+    _, _, decodes = pd
+    t0 = time.monotonic()
+    r = httpx.post(decodes[1] + "/generate", timeout=60, json={
+        "text": PROMPTS[1], "sampling_params": GREEDY, "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": fake_prefill.port, "bootstrap_room": room})
+    assert r.status_code == 500 and says in r.text, r.text
+    assert FakePrefill.MARKER not in r.text
+    assert time.monotonic() - t0 < 15
+    assert ("/disagg/fetch", {"room": room, "timeout": 5.0}) in fake_prefill.seen
+    integrity(decodes[1])
+    assert generate_all(decodes[1], ["Hi"]) == generate_all(decodes[0], ["Hi"])
+
+
+def test_a_keyed_pair_across_loopback_addresses(pd, model) -> None:
+    """Both servers with --api-key: the decode server forwards it to /disagg/fetch and
+    /disagg/abort; the prefill server's transfer server listens on 127.0.0.2, not the
+    decode server's 127.0.0.1. Answers equal the unified server's; a keyless half is a
+    401 and fails nothing."""
+    server, _, _ = pd
+    env = dict(os.environ, XLA_FLAGS="--xla_backend_optimization_level=0")
+    key = ["--api-key", "pd-key"]
+    prefill = launch_server([*key, "--disaggregation-mode", "prefill",
+                             "--disaggregation-transfer-host", "127.0.0.2"],
+                            ["--model", str(model), *FLAGS], env)
+    decode = launch_server([*key, "--disaggregation-mode", "decode",
+                            "--disaggregation-prefill-hosts",
+                            prefill.url.removeprefix("http://")],
+                           ["--model", str(model), *FLAGS], env)
+    try:
+        for x in (prefill, decode):
+            wait_healthy(x)
+        host, port = prefill.url.removeprefix("http://").split(":")
+        auth = {"Authorization": "Bearer pd-key"}
+
+        def pd_generate(prompt: str, room: int) -> str:
+            body = {"text": prompt, "sampling_params": GREEDY, "bootstrap_host": host,
+                    "bootstrap_port": int(port), "bootstrap_room": room}
+            with ThreadPoolExecutor(2) as pool:
+                halves = [pool.submit(httpx.post, u + "/generate", json=body, headers=auth,
+                                      timeout=60) for u in (prefill.url, decode.url)]
+                replies = [h.result() for h in halves]
+            assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+            return replies[1].json()["text"]
+
+        assert [pd_generate(p, 100 + i) for i, p in enumerate(PROMPTS[:3])] == \
+            generate_all(server, PROMPTS[:3])
+        r = httpx.post(prefill.url + "/generate", timeout=30, json={
+            "text": "Hi", "bootstrap_host": host, "bootstrap_port": int(port),
+            "bootstrap_room": 200})
+        assert r.status_code == 401
+        info = httpx.get(prefill.url + "/get_server_info", headers=auth, timeout=10).json()
+        assert info["stats"]["disagg_transfers"] == 3 and info["stats"]["disagg_failed"] == 0
+        assert info["stats"]["disagg_room_bytes"] == 0
+        for x in (prefill, decode):
+            stats = wait_idle(x.url, headers=auth)
+            assert stats["kv_held"] == 0 and stats["num_late_compiles"] == 0, stats
+    finally:
+        for x in (prefill, decode):
+            x.proc.terminate()
+        for x in (prefill, decode):
+            x.proc.wait(timeout=30)
 
 
 def test_killed_prefill_server_gives_a_clear_error(pd) -> None:

@@ -4,6 +4,8 @@ request there."""
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,14 +24,38 @@ class Bootstrap:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host  # IPv6
+        return f"http://{host}:{self.port}"
+
+
+_HOSTNAME = re.compile(r"(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)"
+                       r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+
+
+def valid_host(host: str) -> bool:
+    """An IP address or a DNS name: nothing that could change the URL built from it."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return _HOSTNAME.fullmatch(host) is not None
+
+
+def host_port(entry: str) -> tuple[str, int]:
+    """"HOST:PORT" (IPv6: "[::1]:PORT") -> (host, port). Raises BootstrapError."""
+    host, sep, port = entry.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not valid_host(host):
+        raise BootstrapError(f"{entry!r} is not HOST:PORT")
+    return host, int(port)
 
 
 def _one(host: Any, port: Any, room: Any) -> Bootstrap | None:
     if host is None and room is None:
         return None
-    if not isinstance(host, str) or not host:
-        raise BootstrapError("'bootstrap_host' must be the prefill server's host")
+    if not isinstance(host, str) or not valid_host(host):
+        raise BootstrapError("'bootstrap_host' must be the prefill server's host name or "
+                             "IP address")
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         raise BootstrapError("'bootstrap_port' must be the prefill server's HTTP port (give "
                              "the router --prefill URL PORT)")

@@ -16,6 +16,7 @@ Both run on the scheduler's loop, ordered with the steps that donate the pool.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import itertools
 import threading
 from functools import partial
@@ -29,6 +30,7 @@ from radixjax.model.llama import KVPool
 from radixjax.runtime.batch import DUMMY_SLOT
 
 CHUNK = 256  # tokens per piece
+SAMPLES = 1024  # elements of each weight in a pool's model fingerprint
 Piece = tuple[jax.Array, jax.Array]  # (k, v), each [L, CHUNK, Hkv, Dh]
 
 
@@ -50,6 +52,16 @@ def _scatter(kv: KVPool, piece: Piece, slots: jax.Array, *, num_layers: int,
     return kv[0].at[rows].set(piece[0]), kv[1].at[rows].set(piece[1])
 
 
+@jax.jit
+def _weight_samples(weights: list[jax.Array]) -> list[jax.Array]:
+    """Up to SAMPLES elements of every weight, evenly spread over it."""
+    out = []
+    for x in weights:
+        flat = jnp.ravel(x)
+        out.append(flat[:: max(1, flat.size // SAMPLES)][:SAMPLES])
+    return out
+
+
 def pieces_of(slots: np.ndarray) -> list[np.ndarray]:
     """slots -> [CHUNK] int32 arrays, the last one padded with the dummy slot."""
     out = []
@@ -66,6 +78,8 @@ class KVTransfer:
     geometry. `runner.kv` is read and replaced only from the scheduler's loop."""
 
     def __init__(self, runner, host: str = "127.0.0.1") -> None:
+        """host: the address this engine's transfer server listens on and gives its
+        peers (--disaggregation-transfer-host): one the other servers can reach."""
         if runner.layout is not None:
             raise ValueError("disaggregation runs on one device per server (no --tp)")
         self.runner = runner
@@ -77,6 +91,7 @@ class KVTransfer:
         shape = (runner.run_cfg.num_layers, CHUNK, *runner.kv[0].shape[1:])
         sharding = jax.sharding.SingleDeviceSharding(self.device)
         self.piece_spec = jax.ShapeDtypeStruct(shape, runner.kv[0].dtype, sharding=sharding)
+        self._fingerprint: str | None = None
         self._uuids = itertools.count(1)
         self._connections: dict[str, transfer.TransferConnection] = {}
         self._lock = threading.Lock()
@@ -92,13 +107,33 @@ class KVTransfer:
         return f"{self.piece_spec.dtype}{list(self.piece_spec.shape)}"
 
     @property
+    def fingerprint(self) -> str:
+        """The model this pool's KV belongs to: its config, the piece format and samples
+        of every weight's bits (spread over each array). A decode server lands KV only
+        from a prefill server with the same fingerprint."""
+        if self._fingerprint is None:
+            h = hashlib.sha256(self.piece_format.encode())
+            h.update(repr(self.runner.cfg).encode())
+            # (not oneDNN's packed int8 blobs: their padding bytes vary from run to run;
+            # their per-row scales are in)
+            weights = [x for path, x in jax.tree_util.tree_leaves_with_path(self.runner.params)
+                       if "packed" not in jax.tree_util.keystr(path)]
+            for leaf in jax.device_get(_weight_samples(weights)):
+                h.update(f"{leaf.dtype}{leaf.shape}".encode())
+                h.update(np.ascontiguousarray(leaf).tobytes())
+            self._fingerprint = h.hexdigest()[:32]
+        return self._fingerprint
+
+    @property
     def piece_bytes(self) -> int:
         return 2 * int(np.prod(self.piece_spec.shape)) * self.piece_spec.dtype.itemsize
 
     def warmup(self) -> None:
-        """Compile the gather and the scatter (reading and writing the dummy slot only)."""
+        """Compile the gather and the scatter (reading and writing the dummy slot only),
+        and take the model's fingerprint."""
         dummy = np.full(1, DUMMY_SLOT, np.int64)
         jax.block_until_ready(self.import_(self.export(dummy), dummy))
+        assert self.fingerprint
 
     # -- prefill side ---------------------------------------------------------------------
 

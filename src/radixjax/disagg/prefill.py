@@ -20,6 +20,7 @@ import numpy as np
 from radixjax.disagg.bootstrap import Bootstrap
 from radixjax.disagg.kv_transfer import KVTransfer
 from radixjax.disagg.rooms import Export, PrefillRooms
+from radixjax.engine.errors import RequestError
 from radixjax.engine.request import Req
 
 
@@ -28,7 +29,7 @@ class PrefillSide:
 
     def __init__(self, transfer: KVTransfer, timeout_s: float) -> None:
         self.transfer = transfer
-        self.rooms = PrefillRooms(timeout_s)
+        self.rooms = PrefillRooms(timeout_s, sweep_s=max(1.0, timeout_s / 4))
 
     def prepare(self, req: Req, bootstrap: Bootstrap) -> None:
         room = bootstrap.room
@@ -45,9 +46,19 @@ class PrefillSide:
 
         req.on_finish_kv = on_finish_kv
 
+    async def receive(self, req: Req, bootstrap: Bootstrap, land: Any) -> None:
+        raise RequestError("this is a prefill server: send the decode half of a "
+                           "disaggregated request to a decode server")
+
+    def reject(self, room: int, reason: str) -> None:
+        """The server refused this room's request before it ran (bad input, overload):
+        its decode server hears the reason now, not after the timeout."""
+        self.rooms.fail(room, f"the prefill server refused the request: {reason}")
+
     def stats(self) -> dict[str, float]:
         return {"disagg_transfers": self.rooms.num_success,
-                "disagg_failed": self.rooms.num_failed, "disagg_rooms": len(self.rooms)}
+                "disagg_failed": self.rooms.num_failed, "disagg_rooms": len(self.rooms),
+                "disagg_room_bytes": self.rooms.num_pieces() * self.transfer.piece_bytes}
 
     async def fetch(self, room: int, timeout_s: float | None = None) -> dict[str, Any]:
         """Wait up to timeout_s (at most this server's timeout) for the room. Raises
@@ -56,4 +67,5 @@ class PrefillSide:
         uuids = self.transfer.offer(export.pieces, self.rooms.timeout_s)
         return {"prompt_len": export.prompt_len, "first_token": export.first_token,
                 "first_logprob": export.first_logprob, "address": self.transfer.address,
-                "uuids": uuids, "piece": self.transfer.piece_format}
+                "uuids": uuids, "piece": self.transfer.piece_format,
+                "fingerprint": self.transfer.fingerprint}

@@ -65,15 +65,33 @@ def _succeeded(f: concurrent.futures.Future) -> bool:
 
 
 class PrefillRooms:
-    def __init__(self, timeout_s: float) -> None:
+    """sweep_s: how often a timer drops rooms nobody finished or fetched in time (None:
+    only when a room is touched; tests)."""
+
+    def __init__(self, timeout_s: float, sweep_s: float | None = None) -> None:
         self.timeout_s = timeout_s
         self._rooms: dict[int, Room] = {}
         self._lock = threading.Lock()
         self.num_success = 0
         self.num_failed = 0
+        if sweep_s is not None:
+            threading.Thread(target=self._sweep_forever, args=(sweep_s,), daemon=True,
+                             name="room-sweeper").start()
 
     def __len__(self) -> int:
         return len(self._rooms)
+
+    def _sweep_forever(self, every_s: float) -> None:
+        while True:
+            time.sleep(every_s)
+            with self._lock:
+                self._sweep()
+
+    def num_pieces(self) -> int:
+        """KV pieces held by finished rooms not fetched yet."""
+        with self._lock:
+            return sum(len(r.result.result().pieces) for r in self._rooms.values()
+                       if _succeeded(r.result))
 
     def _room(self, room: int) -> Room:
         with self._lock:

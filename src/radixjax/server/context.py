@@ -118,11 +118,13 @@ class ServerContext:
                            code="invalid_api_key")
 
     async def read_json(self, request: Request) -> Any:
+        """The body, parsed (and kept on request.state.body)."""
         raw = await read_body(request, self.config.limits.max_request_bytes)
         try:
-            return json.loads(raw)
+            request.state.body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise bad(f"invalid JSON body: {e}") from e
+        return request.state.body
 
     async def tokenize_chat(self, messages: list[dict]) -> list[int]:
         """The chat template rendered and tokenized in a worker thread, off the
@@ -178,11 +180,16 @@ class ServerContext:
         stream) ends; past the limit, 503 with Retry-After."""
         async def endpoint(request: Request) -> Response:
             self.authorize(request)
-            ticket = self.admission.enter()
+            try:
+                ticket = self.admission.enter()
+            except APIError as e:
+                await self._refuse_rooms(request, e)
+                raise
             try:
                 response = await handler(request, ticket)
-            except BaseException:
+            except BaseException as e:
                 ticket.release()
+                await self._refuse_rooms(request, e)
                 raise
             if isinstance(response, StreamingResponse):  # its body releases; or this
                 response.background = BackgroundTask(ticket.release)
@@ -190,6 +197,24 @@ class ServerContext:
                 ticket.release()
             return response
         return endpoint
+
+    async def _refuse_rooms(self, request: Request, error: BaseException) -> None:
+        """A prefill server refused a request (an authorized one): its rooms fail now with
+        the reason, so their decode servers do not wait out their timeout."""
+        side = getattr(self.engine, "disagg", None)
+        if side is None or side.mode != "prefill":
+            return
+        body = getattr(request.state, "body", None)
+        if body is None:
+            try:
+                body = await self.read_json(request)
+            except Exception:  # noqa: BLE001 - no body to read: no rooms to name
+                return
+        rooms = body.get("bootstrap_room") if isinstance(body, dict) else None
+        reason = error.message if isinstance(error, APIError) else type(error).__name__
+        for room in rooms if isinstance(rooms, list) else [rooms]:
+            if isinstance(room, int) and not isinstance(room, bool):
+                side.reject(room, reason)
 
     def authorized(self, handler: Callable[[Request], Awaitable[Response]]
                    ) -> Callable[[Request], Awaitable[Response]]:
