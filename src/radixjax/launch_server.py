@@ -88,7 +88,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="larger request bodies get 413 before they are parsed")
     g.add_argument("--max-concurrent-requests", type=int,
                    default=Limits.max_concurrent_requests,
-                   help="generation requests in progress; past it, 503 with Retry-After")
+                   help="engine requests in progress (a body's prompts x n each); past "
+                        "it, 503 with Retry-After")
+    g.add_argument("--max-batch-requests", type=int, default=Limits.max_batch_requests,
+                   help="engine requests one body may ask for (prompts x n); more is a 400")
+    g.add_argument("--random-seed", type=int, default=None,
+                   help="seeds of requests that give none derive from it (reproducible "
+                        "runs); default: drawn from the OS at each start")
     g.add_argument("--enable-debug-endpoints", action="store_true",
                    help="POST /debug/inject_fault: the next step raises (tests)")
     g = p.add_argument_group("parallelism (docs/sharding.md)")
@@ -190,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         attention_backend=args.attention_backend,
         enable_deterministic_inference=args.enable_deterministic_inference, tp=args.tp, ep=args.ep,
         moe_dispatch=args.moe_dispatch, enable_dp_attention=args.enable_dp_attention,
-        disaggregation_mode=args.disaggregation_mode,
+        seed=args.random_seed, disaggregation_mode=args.disaggregation_mode,
         disaggregation_timeout=args.disaggregation_timeout,
         **({"kv_handoff": partial(make_side, options=pd_options(args))}
            if args.disaggregation_mode != "null" else {}),
@@ -214,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     name = args.served_model_name or os.path.basename(path).removesuffix(".gguf")
     app = create_app(engine, ServerConfig(
         name, args.api_key, args.default_max_tokens, args.enable_debug_endpoints,
-        Limits(args.max_request_bytes, args.max_concurrent_requests), model_path=path))
+        Limits(args.max_request_bytes, args.max_concurrent_requests,
+               args.max_batch_requests), model_path=path))
     print(f"radixjax: serving {name} on http://{args.host}:{args.port} "
           f"(ready in {time.perf_counter() - t0:.0f}s, "
           f"{getattr(engine, 'replicas', [engine])[0].runner.num_programs} step programs"

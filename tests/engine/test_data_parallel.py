@@ -70,6 +70,9 @@ def test_dp2_equals_one_engine_and_keeps_prefixes_together(tiny) -> None:
         stats = dp.stats()
         assert stats["num_requests"] == 14 and stats["num_late_compiles"] == 0
         assert [r["num_routed"] for r in stats["replicas"]] == [7, 7]
+        # unseeded samples on both replicas: every rid and every seed its own
+        outs = dp.generate(batch, SamplingParams(max_new_tokens=1))
+        assert len({o.rid for o in outs}) == len({o.seed for o in outs}) == len(batch)
         dp.check_integrity()
 
 

@@ -40,6 +40,28 @@ def prompt(seed: int, n: int) -> list[int]:
     return list(np.random.default_rng(seed).integers(3, 200, n))
 
 
+def test_unseeded_sampling_differs_from_start_to_start(tiny, engine) -> None:
+    """A request without a seed gets one from the engine's start-up seed, drawn from the
+    OS: a restarted engine answers differently (SGLang's --random-seed absent); the
+    output says which seed it used, which reproduces it; a given engine seed repeats."""
+    _, m = tiny
+    sp = SamplingParams(max_new_tokens=16, temperature=1.0, ignore_eos=True)
+    p = prompt(5, 9)
+    first = engine.generate(p, sp)
+    with Engine(params=m.params, model_config=m.cfg, **KW) as restarted:
+        again = restarted.generate(p, sp)
+        assert again.seed != first.seed and again.token_ids != first.token_ids
+        assert again.rid != first.rid
+        seeded = SamplingParams(max_new_tokens=16, temperature=1.0, ignore_eos=True,
+                                seed=first.seed)
+        assert restarted.generate(p, seeded).token_ids == first.token_ids
+    runs = []
+    for _ in range(2):
+        with Engine(params=m.params, model_config=m.cfg, seed=1234, **KW) as fixed:
+            runs.append(fixed.generate(p, sp).token_ids)
+    assert runs[0] == runs[1]
+
+
 def test_in_memory_model_equals_disk_model(tiny, engine) -> None:
     folder, _ = tiny
     prompts = [prompt(1, 7), prompt(2, 19)]

@@ -60,3 +60,23 @@ def test_land_prompt_caches_the_prompt_or_holds_nothing() -> None:
     s.land_prompt(Req("c", list(range(3, 13)), SamplingParams(), seed=0), written.append)
     assert len(written[0]) == 10 and s.cached_prefix_len(list(range(3, 13))) == 10
     s.check_integrity()
+
+
+def test_aborting_waiting_requests_takes_them_out_in_order() -> None:
+    """Thousands of waiting requests aborted (a client leaving a batch): each finishes
+    once with "abort", the rest keep their order, a retraction goes first."""
+    cfg = EngineConfig(num_slots=64, max_running=2, max_context=32, max_prefill_tokens=16,
+                       chunk_size=16)
+    s = Scheduler(types.SimpleNamespace(), cfg, eos_token_ids=(0,))
+    reqs = [Req(str(i), [3, 4, 5], SamplingParams(), seed=i) for i in range(5000)]
+    ends: list[str] = []
+    for r in reqs:
+        r.on_chunk = lambda chunk, r=r: ends.append(r.rid) if chunk.finish_reason else None
+        s.add_request(r)
+    for r in reqs[::2]:
+        s.abort(r)
+    assert [r.rid for r in s.waiting] == [r.rid for r in reqs[1::2]]
+    assert ends == [r.rid for r in reqs[::2]] and {r.finish_reason for r in reqs[::2]} == {
+        "abort"}
+    s.waiting.push_front(reqs[0])
+    assert next(iter(s.waiting)) is reqs[0] and len(s.waiting) == 2501

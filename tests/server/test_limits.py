@@ -2,7 +2,9 @@
 before it is read whole; a text that cannot fit the context is refused before it is
 tokenized; a huge max_tokens is clamped to the context and stalls nobody; a client that
 leaves a non-streaming request aborts it; state-changing endpoints are POST-only; a
-second server's API key and concurrency limit."""
+second server's API key (on every route but /health and /metrics) and concurrency limit,
+which counts engine requests (a body's prompts x n) and refuses a batch past
+--max-batch-requests with a 400."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from tests.server.conftest import MODEL, launch_server, stop_server, wait_health
 
 CHAT, COMP = "/v1/chat/completions", "/v1/completions"
 MAX_BYTES = 1_000_000  # the session server's --max-request-bytes (tests/conftest.py)
-LIMITED_ARGS = ["--api-key", "s3cret", "--max-concurrent-requests", "1"]
+LIMITED_ARGS = ["--api-key", "s3cret", "--max-concurrent-requests", "1",
+                "--max-batch-requests", "8"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -130,3 +133,35 @@ def test_api_key_is_required_when_set(limited_server) -> None:
     r = httpx.post(url + "/debug/inject_fault", headers={"Authorization": "Bearer s3cret"},
                    timeout=10)
     assert r.status_code == 404
+
+
+def test_admission_counts_engine_requests_not_bodies(limited_server) -> None:
+    """One request in progress at most: a body of two prompts, or n = 2, is two."""
+    url, headers = limited_server, {"Authorization": "Bearer s3cret"}
+    r = httpx.post(url + "/generate", headers=headers, timeout=60, json={
+        "text": ["a", "b"], "sampling_params": {"max_new_tokens": 2}})
+    assert r.status_code == 503, r.text
+    r = httpx.post(url + COMP, headers=headers, timeout=60, json={
+        "model": MODEL, "prompt": "hi", "max_tokens": 2, "n": 2})
+    assert r.status_code == 503, r.text
+    r = httpx.post(url + "/generate", headers=headers, timeout=60, json={
+        "text": ["a"] * 9, "sampling_params": {"max_new_tokens": 2}})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "batch_too_large", r.text
+    r = httpx.post(url + "/generate", headers=headers, timeout=60, json={
+        "text": ["a"], "sampling_params": {"max_new_tokens": 2}})
+    assert r.status_code == 200, r.text
+    assert wait_idle(url, headers=headers)["kv_held"] == 0
+
+
+ROUTES = [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
+          ("GET", "/v1/models"), ("POST", "/generate"), ("POST", "/abort_request"),
+          ("GET", "/get_model_info"), ("GET", "/get_load"), ("GET", "/get_server_info"),
+          ("GET", "/server_info"), ("GET", "/health_generate"), ("POST", "/flush_cache"),
+          ("POST", "/debug/inject_fault"), ("GET", "/debug/check_integrity")]
+
+
+@pytest.mark.parametrize("method, path", ROUTES)
+def test_every_route_but_health_and_metrics_needs_the_key(limited_server, method,
+                                                          path) -> None:
+    r = httpx.request(method, limited_server + path, json={}, timeout=30)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", r.text

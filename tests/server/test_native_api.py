@@ -41,6 +41,7 @@ def test_batched_and_n_samples_are_lists_equal_to_single_requests(server) -> Non
         "max_new_tokens": 8, "temperature": 1.0, "n": 3, "seed": 7})
     assert len(sampled) == 3 and len({s["text"] for s in sampled}) > 1
     assert [s["meta_info"]["id"][-2:] for s in sampled] == ["-0", "-1", "-2"]
+    assert [s["meta_info"]["seed"] for s in sampled] == [7, 8, 9]  # the seed each used
 
 
 def test_prefill_only_caches_the_prefix(server) -> None:

@@ -202,7 +202,8 @@ def meta_info(item: NativeItem, prompt_ids: list[int], out: GenerateOutput | Non
     meta: dict[str, Any] = {"id": item.rid, "prompt_tokens": len(prompt_ids),
                             "finish_reason": finish_reason(out, eos)}
     if out is not None:
-        meta.update(completion_tokens=out.completion_tokens, cached_tokens=out.cached_tokens)
+        meta.update(completion_tokens=out.completion_tokens, cached_tokens=out.cached_tokens,
+                    seed=out.seed)
         ids, lps, tops = out.token_ids, out.logprobs, out.top_logprobs
     else:
         partial = partial or {}

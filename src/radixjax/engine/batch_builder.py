@@ -32,6 +32,7 @@ from radixjax.engine.constrained import build_token_mask
 from radixjax.engine.policy import SchedulePolicy, match_tokens
 from radixjax.engine.request import Req, ReqState
 from radixjax.engine.stats import EngineStats
+from radixjax.engine.waiting_queue import WaitingQueue
 from radixjax.runtime.batch import HostBatch, PrefixMemo, PromptScores, RequestSlice, build_batch
 from radixjax.runtime.model_runner import ModelRunner, StepOptions
 from radixjax.sampling.params import SamplingArrays
@@ -62,7 +63,7 @@ class BatchBuilding:
     policy: SchedulePolicy
     prefix_memo: PrefixMemo
     stats: EngineStats
-    waiting: list[Req]
+    waiting: WaitingQueue
     running: list[Req]
     _num_decode_steps: int
 
@@ -106,7 +107,7 @@ class BatchBuilding:
 
     def _admit(self, reqs: list[Req], num_new: list[int], budget: int) -> None:
         """Admit waiting requests in the policy's order into reqs / num_new."""
-        ordered = self.policy.order(self.waiting, [r for r in reqs if r.is_prefilling])
+        ordered = self.policy.order(list(self.waiting), [r for r in reqs if r.is_prefilling])
         reserve = sum(
             int(r.remaining_tokens * self.cfg.new_token_ratio) for r in self.running
         )
@@ -215,7 +216,7 @@ class BatchBuilding:
         r.state = ReqState.WAITING
         r.stats.num_retractions += 1
         self.stats.num_retractions += 1
-        self.waiting.insert(0, r)
+        self.waiting.push_front(r)
 
     # -- the host batch ---------------------------------------------------------------------
 

@@ -55,7 +55,9 @@ class EngineConfig:
     # None: on wherever the native backend runs (not MLA models: their attention has
     # no such form yet)
     enable_deterministic_inference: bool | None = None
-    seed: int = 0  # seeds for requests that give none derive from it
+    # seeds for requests that give none derive from it (SGLang's --random-seed); None:
+    # drawn from the OS at each engine start (Engine sets it: /get_server_info shows it)
+    seed: int | None = None
     tp: int = 1  # tensor-parallel devices (0: every visible device); docs/sharding.md
     ep: int = 1  # expert-parallel groups inside the TP group (MoE models); divides tp
     moe_dispatch: str = "psum"  # EP: "psum" | "all_to_all" (docs/sharding.md, measured)

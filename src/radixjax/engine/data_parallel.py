@@ -77,9 +77,12 @@ class DataParallelEngine:
             params, model_config, tokenizer = loaded.params, loaded.cfg, loaded.tokenizer
         elif model_config is None:
             raise ValueError("an in-memory model needs model_config as well as params")
+        # each replica its own seed: the given one + its index, or its own from the OS
+        seeds = [None if config.seed is None else config.seed + k for k in range(dp)]
         self.replicas = [replica(params=params, model_config=model_config, tokenizer=tokenizer,
                                 warmup=warmup, background=background, devices=s,
-                                **engine_options) for s in slices]
+                                **{**engine_options, "seed": seed})
+                         for s, seed in zip(slices, seeds, strict=True)]
         self.config = self.replicas[0].config
         self.model_config, self.tokenizer = model_config, tokenizer
         self.eos_token_ids = self.replicas[0].eos_token_ids

@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
+import secrets
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -103,6 +105,9 @@ class Engine:
         if self.dist.is_multihost and not jax.distributed.is_initialized():
             init_distributed(self.dist)  # before anything touches a device
         self.config = EngineConfig(**engine_options)
+        if self.config.seed is None:  # unseeded requests differ from one start to the next
+            self.config = replace(self.config, seed=secrets.randbits(31))
+        self._rid_prefix = f"req-{secrets.token_hex(4)}"  # distinct across engines (DP)
         # One mesh per engine (None: one device); scheduler and radix tree stay one.
         self.layout = layout_for(self.config.tp, self.config.ep, devices,
                                  self.config.moe_dispatch, self.config.enable_dp_attention)
@@ -277,7 +282,8 @@ class Engine:
                   rid: str | None = None) -> Req:
         n = next(self._ids)
         seed = sp.seed + index if sp.seed is not None else (self.config.seed * 1_000_003 + n)
-        return Req(rid=rid or f"req-{n}", prompt_ids=ids, sampling=sp, seed=seed % (2**31))
+        return Req(rid=rid or f"{self._rid_prefix}-{n}", prompt_ids=ids, sampling=sp,
+                   seed=seed % (2**31))
 
     def _attach_grammars(self, reqs: list[Req]) -> None:
         """Compile each constrained request's grammar (cached by key) and give it a fresh
@@ -433,7 +439,7 @@ class Engine:
         finish_reason "abort" and frees its KV); returns how many there were."""
         def abort() -> int:
             s = self.scheduler
-            found = [r for r in s.waiting + s.running if r.rid == rid]
+            found = [r for r in [*s.waiting, *s.running] if r.rid == rid]
             for r in found:
                 s.abort(r)
             return len(found)

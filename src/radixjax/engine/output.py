@@ -51,6 +51,7 @@ class ReqView(Protocol):
     """What the output stage reads of a request (engine/request.py's Req)."""
 
     rid: str
+    seed: int
     stats: ReqStats
     error: str | None
     finish_reason: str | None
@@ -77,6 +78,7 @@ class GenerateOutput:
     # sampling.logprob_start_len >= 0: prompt positions from there on (None: position 0)
     prompt_logprobs: list[float | None] = field(default_factory=list)
     prompt_top_logprobs: list[TopLogprobs | None] = field(default_factory=list)
+    seed: int | None = None  # the request's sampling seed (given, or the engine's)
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,7 @@ class RequestOutput:
             completion_tokens=len(req.output_ids), logprobs=list(req.logprobs),
             top_logprobs=list(req.top_logprobs), stats=req.stats,
             prompt_logprobs=list(req.prompt_logprobs),
-            prompt_top_logprobs=list(req.prompt_top_logprobs),
+            prompt_top_logprobs=list(req.prompt_top_logprobs), seed=req.seed,
         )
         return StreamChunk(text, tuple(new), req.finish_reason, out, lps, tops,
                            cached_tokens=req.stats.cached_tokens)

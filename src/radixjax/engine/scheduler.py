@@ -38,6 +38,7 @@ from radixjax.engine.request import Req, ReqState
 from radixjax.engine.result_processor import InFlight, ResultProcessing
 from radixjax.engine.stats import EngineStats
 from radixjax.engine.supervision import Supervision, dispatch
+from radixjax.engine.waiting_queue import WaitingQueue
 from radixjax.runtime.batch import PrefixMemo
 from radixjax.runtime.model_runner import ModelRunner
 
@@ -54,7 +55,7 @@ class Scheduler(BatchBuilding, ResultProcessing, Supervision):
         self.cfg = cfg
         self.eos_token_ids = eos_token_ids
         self._fresh_accounting()
-        self.waiting: list[Req] = []
+        self.waiting = WaitingQueue()
         self.running: list[Req] = []
         self.stats = EngineStats()
         self.in_flight: InFlight | None = None

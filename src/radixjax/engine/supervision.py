@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from radixjax.engine.request import Req, ReqState
+from radixjax.engine.waiting_queue import WaitingQueue
 from radixjax.runtime.batch import HostBatch
 from radixjax.runtime.model_runner import ModelRunner, StepOptions, StepOutput
 from radixjax.sampling.params import SamplingArrays
@@ -29,7 +30,7 @@ class Supervision:
     """The Scheduler's supervision (engine/scheduler.py holds the state it reads)."""
 
     runner: ModelRunner
-    waiting: list[Req]
+    waiting: WaitingQueue
     running: list[Req]
     in_flight: Any  # result_processor.InFlight | None
     healthy: bool
@@ -84,8 +85,8 @@ class Supervision:
         self.num_failures += 1
         self.last_error = f"{type(error).__name__}: {error}"
         held = list(self.in_flight.batch.reqs) if self.in_flight else []
-        held += self.running + self.waiting
-        self.in_flight, self.running, self.waiting = None, [], []
+        held += self.running + list(self.waiting)
+        self.in_flight, self.running, self.waiting = None, [], WaitingQueue()
         for r in dict.fromkeys(held):
             if r.state is not ReqState.FINISHED:
                 r.row, r.slots, r.last_node, r.num_pending = -1, r.slots[:0], None, 0
@@ -98,7 +99,7 @@ class Supervision:
 
     def drop_all(self) -> None:
         """After a failed recovery: hold nothing (the engine stays unhealthy)."""
-        self.in_flight, self.running, self.waiting = None, [], []
+        self.in_flight, self.running, self.waiting = None, [], WaitingQueue()
 
     def inject_fault(self) -> None:
         """Test hook: the next step raises inside run_once, after its batch took KV."""

@@ -105,7 +105,8 @@ class ServerContext:
         self.config = config
         self.tok = engine.tokenizer
         self.metrics = ServerMetrics()
-        self.admission = Admission(config.limits.max_concurrent_requests)
+        self.admission = Admission(config.limits.max_concurrent_requests,
+                                   config.limits.max_batch_requests)
         self._longest_token = longest_token_chars(self.tok)
         self._expected_auth = f"Bearer {config.api_key}".encode()
 

@@ -22,6 +22,8 @@ from radixjax.api.errors import APIError
 class Limits:
     max_request_bytes: int = 8 << 20  # request body
     max_concurrent_requests: int = 512  # generation requests in progress (incl. streams)
+    # engine requests one body may ask for (prompts x n); more is a 400
+    max_batch_requests: int = 128
 
 
 def too_large(limit: int) -> APIError:
@@ -60,30 +62,49 @@ def check_prompt_chars(num_chars: int, longest_token: int, max_context: int) -> 
 
 
 class Admission:
-    """Counts generation requests in progress; past the limit a request gets 503 with
-    Retry-After (the OpenAI client retries it after that long)."""
+    """Counts engine requests in progress (a body's prompts x n samples); past the limit
+    a body gets 503 with Retry-After (the OpenAI client retries it after that long)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, max_batch: int = Limits.max_batch_requests) -> None:
         self.limit = limit
+        self.max_batch = max_batch
         self.active = 0
 
     def enter(self) -> Ticket:
-        if self.active >= self.limit:
-            raise APIError(503, f"the server is at its limit of {self.limit} requests in "
-                                "progress; retry later", type_="server_overloaded",
-                           code="too_many_requests", headers={"Retry-After": "1"})
+        """A body arrives: one request, until it says how many (Ticket.count)."""
+        self._check(1)
         self.active += 1
         return Ticket(self)
 
+    def _check(self, more: int) -> None:
+        if self.active + more > self.limit:
+            raise APIError(503, f"the server is at its limit of {self.limit} requests in "
+                                "progress; retry later", type_="server_overloaded",
+                           code="too_many_requests", headers={"Retry-After": "1"})
+
 
 class Ticket:
-    """One admitted request; `release` is idempotent (a stream releases from its body's
+    """One admitted body; `release` is idempotent (a stream releases from its body's
     end and from the response's background task, whichever runs)."""
 
     def __init__(self, admission: Admission) -> None:
         self._admission: Admission | None = admission
+        self._count = 1
+
+    def count(self, num_requests: int) -> None:
+        """The body asks for this many engine requests: a 400 past the batch limit, a
+        503 past the server's limit (then nothing more is held)."""
+        a = self._admission
+        if a is None or num_requests <= self._count:
+            return
+        if num_requests > a.max_batch:
+            raise APIError(400, f"{num_requests} requests in one body (prompts x n); this "
+                                f"server takes at most {a.max_batch}", code="batch_too_large")
+        a._check(num_requests - self._count)
+        a.active += num_requests - self._count
+        self._count = num_requests
 
     def release(self) -> None:
         if self._admission is not None:
-            self._admission.active -= 1
+            self._admission.active -= self._count
             self._admission = None

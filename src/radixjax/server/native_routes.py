@@ -24,6 +24,7 @@ def native_routes(ctx: ServerContext) -> list[Route]:
 
     async def generate(request: Request, ticket: Ticket) -> Response:
         batch = native.parse_generate(await ctx.read_json(request))
+        ticket.count(len(batch.items))
         tokenized: dict[int, list[int]] = {}  # a prompt's n samples share one object
         for item in batch.items:
             if id(item.prompt) not in tokenized:

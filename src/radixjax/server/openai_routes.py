@@ -74,6 +74,7 @@ def openai_routes(ctx: ServerContext) -> list[Route]:
         async def handle(request: Request, ticket: Ticket) -> Response:
             body = await ctx.read_json(request)
             p = parse(body, config.default_max_tokens)
+            ticket.count(p.n)
             check_model(body)
             ids = await tokenize(p)
             if p.stream:
