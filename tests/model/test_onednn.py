@@ -86,3 +86,44 @@ def test_w8a8_through_onednn_equals_xlas_int8_gemm() -> None:
                                    np.asarray(want), rtol=1e-6, atol=0)
         np.testing.assert_allclose(np.asarray(jax.jit(lambda x: int8_head(x, packed))(x)),
                                    np.asarray(want), rtol=1e-6, atol=0)
+
+
+def test_the_layout_is_checked_at_the_runners_own_row_counts(monkeypatch) -> None:
+    """A runner whose buckets hold row counts that are neither 2^i nor 3 x 2^i (48, a
+    --max-prefill-tokens of 48) asks oneDNN about exactly those: its steps and its head."""
+    from radixjax.runtime.batch import Buckets
+
+    asked: list[tuple[int, ...]] = []
+    real = onednn._packed_bytes
+
+    def spy(n: int, k: int, rows: tuple[int, ...] = (1,)) -> int:
+        asked.append(rows)
+        return real(n, k, rows)
+
+    monkeypatch.setattr(onednn, "_packed_bytes", spy)
+    buckets = Buckets.default(48, 4)
+    rows = tuple(sorted({n for s in buckets.shapes for n in (s.num_tokens, s.num_reqs)}))
+    assert 48 in rows and all(r in onednn.STEP_ROWS or r == 48 for r in rows)
+    assert onednn.packable(96, 64, rows)
+    assert asked[-1] == rows
+
+
+def test_a_stale_or_foreign_handler_falls_back_to_xla(tmp_path, caplog) -> None:
+    """Older than its source (its functions may have changed), or not a library at all:
+    not loaded, a warning; the products stay in XLA's forms (no failing step)."""
+    import os
+    import time as _time
+
+    from radixjax.model.ffi_library import load_handlers
+
+    source, library = tmp_path / "h.cc", tmp_path / "h.so"
+    library.write_bytes(onednn.LIBRARY.read_bytes())
+    source.write_text("// newer than the library")
+    old = _time.time() - 100
+    os.utime(library, (old, old))
+    targets = {"radixjax_test_int8": "RadixjaxInt8Matmul"}
+    assert load_handlers("m", source, library, targets, "XLA runs it") is None
+    assert "older than its source" in caplog.text
+    library.write_bytes(b"not a shared library")
+    assert load_handlers("m", source, library, targets, "XLA runs it") is None
+    assert "cannot be used" in caplog.text

@@ -33,11 +33,17 @@ def load_handlers(module: str, source: Path, library: Path, targets: dict[str, s
     if not library.exists():
         log.warning("%s is not built (python -m %s --build): %s", library.name, module, without)
         return None
-    if library.stat().st_mtime < source.stat().st_mtime:
-        log.warning("%s is older than its source: rebuild it (python -m %s --build)",
-                    library.name, module)
-    lib = ctypes.CDLL(os.fspath(library))
-    for target, symbol in targets.items():
-        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)),
-                                    platform="cpu")
+    if library.stat().st_mtime < source.stat().st_mtime:  # its functions may differ
+        log.warning("%s is older than its source: not used, %s (rebuild it: python -m %s "
+                    "--build)", library.name, without, module)
+        return None
+    try:
+        lib = ctypes.CDLL(os.fspath(library))
+        capsules = {t: jax.ffi.pycapsule(getattr(lib, s)) for t, s in targets.items()}
+    except (OSError, AttributeError) as e:  # not loadable here, or another version
+        log.warning("%s cannot be used (%s): %s (rebuild it: python -m %s --build)",
+                    library.name, e, without, module)
+        return None
+    for target, capsule in capsules.items():
+        jax.ffi.register_ffi_target(target, capsule, platform="cpu")
     return lib

@@ -59,7 +59,8 @@ def _library() -> ctypes.CDLL | None:
     if lib is None:
         return None
     lib.RadixjaxInt8PackedBytes.restype = ctypes.c_int64
-    lib.RadixjaxInt8PackedBytes.argtypes = [ctypes.c_int64, ctypes.c_int64]
+    lib.RadixjaxInt8PackedBytes.argtypes = [ctypes.c_int64, ctypes.c_int64,
+                                            ctypes.POINTER(ctypes.c_int64), ctypes.c_int64]
     lib.RadixjaxInt8Pack.restype = ctypes.c_int
     lib.RadixjaxInt8Pack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                      ctypes.c_void_p]
@@ -81,17 +82,23 @@ def parts(n: int) -> int:
     return p
 
 
+# Row counts checked when the caller names none: powers of two and 3 x them up to 16384
+STEP_ROWS = tuple(sorted({m * f for m in (2 ** i for i in range(15)) for f in (1, 3)}))
+
+
 @cache
-def _packed_bytes(rows: int, k: int) -> int:
-    """Bytes of one packed [rows, K] part; -1 where oneDNN has no fast kernel in one
-    layout at every row count (the check builds ~30 descriptors: once per shape)."""
-    return _library().RadixjaxInt8PackedBytes(rows, k)
+def _packed_bytes(n: int, k: int, rows: tuple[int, ...] = (1,)) -> int:
+    """Bytes of one packed [N, K] part; -1 where oneDNN has no fast kernel in one
+    layout at every row count of `rows` (a descriptor each: once per shape)."""
+    counts = (ctypes.c_int64 * len(rows))(*rows)
+    return _library().RadixjaxInt8PackedBytes(n, k, counts, len(rows))
 
 
-def packable(n: int, k: int) -> bool:
+def packable(n: int, k: int, rows: tuple[int, ...] = STEP_ROWS) -> bool:
     """Whether oneDNN runs [N, K] weights (in parts(N) parts) with a fast kernel in one
-    packed layout at every row count (requires available())."""
-    return _packed_bytes(n // parts(n), k) > 0
+    packed layout at each row count a product will have (`rows`: the runner's step
+    sizes; requires available())."""
+    return _packed_bytes(n // parts(n), k, tuple(sorted(set(rows)))) > 0
 
 
 def pack(w: np.ndarray, num_parts: int | None = None) -> np.ndarray:

@@ -194,17 +194,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(RadixjaxInt8Matmul, Int8MatmulImpl,
 extern "C" {
 
 // Bytes of one packed [N, K] weight; -1 where oneDNN has no fast kernel for it, or
-// would want another layout at some row count (1 .. kMaxRows, powers of two and 3 x
-// them: where oneDNN switches kernels; e.g. on AMX CPUs it may by M). A step of another
-// row count that still wanted another layout fails with an error, never a wrong sum.
-__attribute__((visibility("default"))) int64_t RadixjaxInt8PackedBytes(int64_t n, int64_t k) {
-  constexpr int64_t kMaxRows = 16384;
+// would want another layout at one of the `num_rows` row counts `rows` (the runner's
+// step sizes: oneDNN may switch kernels by M, e.g. on AMX CPUs). A step of a row count
+// not checked that still wanted another layout fails with an error, never a wrong sum.
+__attribute__((visibility("default"))) int64_t RadixjaxInt8PackedBytes(
+    int64_t n, int64_t k, const int64_t* rows, int64_t num_rows) {
   try {
     dnnl::memory::desc packed = packed_desc(n, k);
-    for (int64_t m = 1; m <= kMaxRows; m *= 2) {
-      for (int64_t rows : {m, 3 * m}) {
-        if (describe(rows, n, k, packed).weights_desc() != packed) return -1;
-      }
+    for (int64_t i = 0; i < num_rows; ++i) {
+      if (describe(rows[i], n, k, packed).weights_desc() != packed) return -1;
     }
     return static_cast<int64_t>(packed.get_size());
   } catch (const std::exception&) {

@@ -240,14 +240,15 @@ def fused(lp: Params) -> Params:
 
 
 def quantize_params(params: Params, quantization: str,
-                    use_onednn: bool | None = None, fuse: bool = True) -> Params:
+                    use_onednn: bool | None = None, fuse: bool = True,
+                    rows: tuple[int, ...] = onednn.STEP_ROWS) -> Params:
     """Checkpoint-shaped params -> the same with the layer matrices (LINEAR_WEIGHTS) as
     Int8Weight and an int8 copy of the LM head as "lm_head_int8" ("w8a8_int8";
     "w8a16_int8": A16Int8Weight, their activations in two int8 parts; "none":
     unchanged); with use_onednn each packed for oneDNN (PackedInt8Weight; None: where
-    onednn.available() and the matrix is onednn.packable); fuse: the matrices of
-    FUSED_WEIGHTS as one (the same numbers, fewer products). The other leaves are
-    shared, not copied."""
+    onednn.available() and the matrix is onednn.packable at every row count of `rows`:
+    the runner's step sizes); fuse: the matrices of FUSED_WEIGHTS as one (the same
+    numbers, fewer products). The other leaves are shared, not copied."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     if quantization == "none":
@@ -257,7 +258,8 @@ def quantize_params(params: Params, quantization: str,
         if quantization == "w8a16_int8":
             q = A16Int8Weight(*q)
         if use_onednn is None:  # where oneDNN has a fast kernel and one layout for it
-            return pack_int8(q) if onednn.available() and onednn.packable(*q.q.shape) else q
+            ok = onednn.available() and onednn.packable(*q.q.shape, rows)
+            return pack_int8(q) if ok else q
         return pack_int8(q) if use_onednn else q
 
     layers = [{k: quantize(v) if k in LINEAR_WEIGHTS else v

@@ -292,7 +292,10 @@ class ModelRunner:
         self.run_cfg = cfg if layout is None else sharded_config(cfg, layout)
         if config.quantization != "none" and layout is not None:
             raise ValueError("weight quantization runs on one device only (no mesh)")
-        params = quantize_params(params, config.quantization, config.onednn)
+        # the products' row counts: every step's tokens (layers) and requests (the head)
+        rows = {n for s in config.buckets.shapes for n in (s.num_tokens, s.num_reqs)}
+        params = quantize_params(params, config.quantization, config.onednn,
+                                 rows=tuple(sorted(rows)))
         if layout is not None:
             params = shard_params(cfg, params, layout)
             inputs = layout.replicated  # where step inputs go
