@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch  # a test dependency (scripts/setup.sh test): missing, collection fails
+import transformers  # noqa: E402 - a test dependency, as torch
 
 from radixjax.loaders import load_model
 from radixjax.runtime.batch import Buckets, RequestSlice, build_batch
 from tests.model.harness import ScatteredSlots, rel_err, tiny_runner
 from tests.tiny_models import FAMILIES
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 TOL = 1e-4
 # Every step below (prefill, decodes, extend) padded to one 64-token bucket: one compiled

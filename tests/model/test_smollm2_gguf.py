@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch  # a test dependency (scripts/setup.sh test): missing, collection fails
+import transformers  # noqa: E402 - a test dependency, as torch
 
 from radixjax.loaders import default_model_path
 from radixjax.runtime.batch import RequestSlice, build_batch
@@ -12,9 +14,6 @@ from radixjax.runtime.model_runner import ModelRunner, RunnerConfig
 from radixjax.runtime.simple_generate import generate_tokens
 from radixjax.sampling.params import SamplingParams
 from tests.model.harness import rel_err
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 TEXTS = [
     "Hello, world!",

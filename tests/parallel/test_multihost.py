@@ -18,11 +18,10 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import torch  # noqa: F401 - the tiny models are written with it (a test dependency)
 
 from tests.server.conftest import Launched, free_port, launch_server, wait_healthy, wait_idle
 from tests.tiny_models import FAST_COMPILE, save_char_tokenizer
-
-pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[2]
 # Small buckets (T = 1 .. 16: five step programs), so rank 1 compiles little.

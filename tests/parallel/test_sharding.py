@@ -12,10 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch  # noqa: F401 - the tiny models are written with it (a test dependency)
 
 from tests.tiny_models import EIGHT_CPU_DEVICES_XLA_FLAGS
-
-pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[2]
 TOL = 1e-5

@@ -32,6 +32,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import torch  # noqa: F401 - the tiny models are written with it (a test dependency)
 
 from tests.server.conftest import (
     launch_server,
@@ -41,8 +42,6 @@ from tests.server.conftest import (
     wait_idle,
 )
 from tests.tiny_models import save_char_chat_model
-
-pytest.importorskip("torch")
 
 SYSTEMS = [f"System {k}: " + " ".join(f"Rule {i} for topic {k}: be kind." for i in range(
     2 + 8 * k)) for k in range(4)]  # ~40 to ~700 tokens: one piece of KV, or three

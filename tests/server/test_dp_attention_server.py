@@ -14,12 +14,11 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import torch  # noqa: F401 - the tiny models are written with it (a test dependency)
 
 from radixjax import Engine, SamplingParams
 from tests.server.conftest import launch_server, wait_healthy, wait_idle
 from tests.tiny_models import FAST_COMPILE, save_char_chat_model
-
-pytest.importorskip("torch")
 
 FLAGS = ["--num-slots", "1024", "--max-running", "8", "--context-length", "256",
          "--max-prefill-tokens", "32", "--chunk-size", "32", "--enable-debug-endpoints"]
