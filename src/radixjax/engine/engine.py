@@ -32,9 +32,11 @@ from radixjax.parallel.multihost import (
     BroadcastRunner,
     CallChannel,
     DistConfig,
+    RankWatch,
     follow,
     init_distributed,
     shutdown_distributed,
+    wait_followers_left,
     wait_for_ranks,
 )
 from radixjax.parallel.rules import layout_for
@@ -153,11 +155,21 @@ class Engine:
         self._ids = itertools.count()
         self._task: asyncio.Task | None = None
         self._thread: threading.Thread | None = None
+        self._watch: RankWatch | None = None
         if background:
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._run_loop, name="radixjax-scheduler",
                                             daemon=True)
             self._thread.start()
+            self._watch_ranks()
+
+    def _watch_ranks(self) -> None:
+        """Multi-host rank 0: a rank that dies fails every request held, and the engine
+        refuses new ones (unhealthy: the server answers 503), never waits on it."""
+        if isinstance(self.runner, BroadcastRunner):
+            loop, scheduler = self._loop, self.scheduler
+            self._watch = RankWatch(self.dist.nnodes, 1.0, lambda reason:
+                                    loop.call_soon_threadsafe(scheduler.fail_for_good, reason))
 
     async def start(self) -> None:
         """Run the scheduler on the current event loop (background=False)."""
@@ -165,6 +177,7 @@ class Engine:
             raise RuntimeError("the scheduler is already running")
         self._loop = asyncio.get_running_loop()
         self._task = self._loop.create_task(self.scheduler.run_forever())
+        self._watch_ranks()
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -191,8 +204,13 @@ class Engine:
     def _stop_followers(self) -> None:
         """Multi-host, rank 0: tell the other ranks to stop, then leave the cluster with
         them (final: a multi-host engine does not restart)."""
+        if self._watch is not None:
+            self._watch.stop()
+        if getattr(self.scheduler, "lost", None) is not None:
+            return  # a rank is gone: nobody to stop, no barrier to meet
         if isinstance(self.runner, BroadcastRunner) and jax.distributed.is_initialized():
             self.runner.stop_followers()
+            wait_followers_left(self.dist.nnodes, self.dist.heartbeat_timeout_s)
             shutdown_distributed()
 
     # -- lifecycle --------------------------------------------------------------------------

@@ -63,6 +63,7 @@ class Scheduler(BatchBuilding, ResultProcessing, Supervision):
         self._wakeup: asyncio.Event | None = None
         self._between: list[tuple[Callable[[], Any], asyncio.Future]] = []
         self.healthy = True  # False while recovering, and for good if recovery failed
+        self.lost: str | None = None  # fail_for_good's reason
         self.num_failures = 0  # steps that raised
         self.last_error: str | None = None
         self._fault_pending = False  # test hook: the next step raises (inject_fault)

@@ -34,6 +34,7 @@ class Supervision:
     running: list[Req]
     in_flight: Any  # result_processor.InFlight | None
     healthy: bool
+    lost: str | None  # why the engine cannot serve any more (fail_for_good), or None
     num_failures: int
     last_error: str | None
     _fault_pending: bool
@@ -74,6 +75,26 @@ class Supervision:
                 if not future.cancelled():  # its caller left: the work stands (no leak)
                     future.set_result(result)
 
+    def fail_for_good(self, reason: str) -> None:
+        """The engine cannot serve any more (a rank of its multi-host cluster is gone):
+        every request it holds fails with `reason` now, new ones are refused, and no
+        recovery brings it back."""
+        self.lost = reason
+        self.healthy = False
+        self.last_error = reason
+        self._fail_held()
+
+    def _fail_held(self) -> None:
+        """Every request held ends with finish_reason "error" (Req.error: last_error)."""
+        held = list(self.in_flight.batch.reqs) if self.in_flight else []
+        held += self.running + list(self.waiting)
+        self.in_flight, self.running, self.waiting = None, [], WaitingQueue()
+        for r in dict.fromkeys(held):
+            if r.state is not ReqState.FINISHED:
+                r.row, r.slots, r.last_node, r.num_pending = -1, r.slots[:0], None, 0
+                r.error = self.last_error
+                self._mark_finished(r, "error")
+
     def recover(self, error: BaseException) -> None:
         """Fail every request the engine holds (finish_reason "error", `Req.error` set),
         then start over: empty KV accounting and radix cache, fresh device state (the
@@ -83,19 +104,14 @@ class Supervision:
                   exc_info=error)
         self.healthy = False
         self.num_failures += 1
-        self.last_error = f"{type(error).__name__}: {error}"
-        held = list(self.in_flight.batch.reqs) if self.in_flight else []
-        held += self.running + list(self.waiting)
-        self.in_flight, self.running, self.waiting = None, [], WaitingQueue()
-        for r in dict.fromkeys(held):
-            if r.state is not ReqState.FINISHED:
-                r.row, r.slots, r.last_node, r.num_pending = -1, r.slots[:0], None, 0
-                r.error = self.last_error
-                self._mark_finished(r, "error")
+        if self.lost is None:
+            self.last_error = f"{type(error).__name__}: {error}"
+        self._fail_held()
         self._fresh_accounting()
-        self.runner.reset_state()
+        if self.lost is None:  # (a lost cluster's devices are not touched again)
+            self.runner.reset_state()
         self.check_integrity()
-        self.healthy = True
+        self.healthy = self.lost is None
 
     def drop_all(self) -> None:
         """After a failed recovery: hold nothing (the engine stays unhealthy)."""

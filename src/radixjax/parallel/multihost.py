@@ -25,6 +25,7 @@ import ipaddress
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +92,9 @@ def init_distributed(config: DistConfig) -> None:
     """Join the jax.distributed cluster (before anything touches a device): afterwards
     jax.devices() lists every process's devices. Rank 0's coordination service listens
     on the address given, not on every interface."""
+    # A dead rank does not terminate the others: rank 0 fails its requests and answers
+    # 503 (RankWatch), the followers exit when rank 0 is gone (their next read).
+    jax.config.update("jax_enable_recoverability", True)
     jax.distributed.initialize(
         config.dist_init_addr, num_processes=config.nnodes, process_id=config.node_rank,
         initialization_timeout=config.init_timeout_s,
@@ -109,6 +113,21 @@ def shutdown_distributed() -> None:
         raise MultiHostError(f"leaving the cluster failed: {e}") from e
 
 
+def wait_followers_left(nnodes: int, timeout_s: float) -> None:
+    """Rank 0, after telling the others to stop: wait (at most timeout_s) until they
+    have left the cluster, so that the coordination service it hosts outlives their
+    goodbyes (a recoverable cluster's shutdown does not wait for them)."""
+    client = _client()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if set(client.get_live_nodes(list(range(nnodes)))) <= {0}:
+                return
+        except Exception:  # noqa: BLE001 - the service is going: nothing to wait for
+            return
+        time.sleep(0.1)
+
+
 def _client() -> Any:
     from jax._src import distributed  # the coordination service's client (no public API)
 
@@ -124,6 +143,37 @@ def wait_for_ranks(name: str, timeout_s: float) -> None:
         _client().wait_at_barrier(f"radixjax/{name}", int(timeout_s * 1000))
     except Exception as e:  # noqa: BLE001
         raise MultiHostError(f"ranks did not all reach {name!r}: {e}") from e
+
+
+class RankWatch:
+    """Rank 0: a thread that asks the coordination service every `every_s` which ranks
+    are alive; the first time one is not (or the service fails), on_lost(reason), once."""
+
+    def __init__(self, nnodes: int, every_s: float, on_lost: Callable[[str], None]) -> None:
+        self._ranks = list(range(nnodes))
+        self._every_s = every_s
+        self._on_lost = on_lost
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, daemon=True, name="rank-watch").start()
+
+    def _run(self) -> None:
+        client = _client()
+        while not self._stop.wait(self._every_s):
+            try:
+                live = client.get_live_nodes(self._ranks)
+            except Exception as e:  # noqa: BLE001 - the client raises plain errors
+                reason = f"the cluster's coordination service failed: {e}"
+            else:
+                missing = [r for r in self._ranks if r not in live]
+                if not missing:
+                    continue
+                reason = f"rank {', '.join(map(str, missing))} of the cluster is gone"
+            log.error("%s: this engine cannot serve any more", reason)
+            self._on_lost(reason)
+            return
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 class CallChannel:

@@ -169,6 +169,9 @@ class ServerContext:
         except (RequestError, SamplingParamsError) as e:
             raise bad(str(e)) from e
         except EngineError as e:
+            if not self.engine.healthy:  # it cannot serve now (recovering, or for good)
+                raise APIError(503, f"the engine cannot serve: {e}", type_="unavailable",
+                               code="engine_unhealthy", headers={"Retry-After": "5"}) from e
             raise APIError(500, f"the engine failed while serving this request: {e}",
                            type_="internal_error", code="engine_error") from e
         assert out is not None
