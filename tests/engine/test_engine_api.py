@@ -48,7 +48,7 @@ def test_unseeded_sampling_differs_from_start_to_start(tiny, engine) -> None:
     sp = SamplingParams(max_new_tokens=16, temperature=1.0, ignore_eos=True)
     p = prompt(5, 9)
     first = engine.generate(p, sp)
-    with Engine(params=m.params, model_config=m.cfg, **KW) as restarted:
+    with Engine(params=m.params, model_config=m.cfg, warmup=False, **KW) as restarted:
         again = restarted.generate(p, sp)
         assert again.seed != first.seed and again.token_ids != first.token_ids
         assert again.rid != first.rid
@@ -57,7 +57,8 @@ def test_unseeded_sampling_differs_from_start_to_start(tiny, engine) -> None:
         assert restarted.generate(p, seeded).token_ids == first.token_ids
     runs = []
     for _ in range(2):
-        with Engine(params=m.params, model_config=m.cfg, seed=1234, **KW) as fixed:
+        with Engine(params=m.params, model_config=m.cfg, seed=1234, warmup=False,
+                    **KW) as fixed:
             runs.append(fixed.generate(p, sp).token_ids)
     assert runs[0] == runs[1]
 

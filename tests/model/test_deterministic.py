@@ -32,8 +32,10 @@ def _logits(runner: ModelRunner, reqs: list[tuple[np.ndarray, np.ndarray]]) -> n
 
 # decode through the CPU handler (model/cpu_decode.py) where built, as by default; the
 # XLA form it replaces: tests/model/test_native_attention.py (the same check at one layer)
+# (the default form, w8a16 + a bfloat16 pool, and W8A8 with a float32 pool: the other
+# products and the other pool dtype; suite time keeps it to two whole-model cases)
 @pytest.mark.parametrize("quantization,kv_dtype", [
-    ("w8a16_int8", "float32"), ("w8a16_int8", "bfloat16"), ("w8a8_int8", "float32")])
+    ("w8a16_int8", "bfloat16"), ("w8a8_int8", "float32")])
 def test_a_request_is_the_same_bits_in_any_batch(smollm2, quantization: str,
                                                  kv_dtype: str) -> None:
     rng = np.random.default_rng(0)
@@ -69,13 +71,14 @@ def test_a_request_is_the_same_bits_in_any_batch(smollm2, quantization: str,
                                                       dtype=np.int32)])) for i in range(7)]
     shared = _logits(det, [*sharers[:3], (nxt, mine[:N + 1]), *sharers[3:]])
     np.testing.assert_array_equal(shared[3:4], one)
-    if kv_dtype == "float32" and quantization == "w8a16_int8":  # the default mode moves
-        # (its prompts: the packed axis' blocks)
-        fast = _runner(smollm2, quantization, deterministic=False)
+    if quantization == "w8a16_int8":  # the default mode moves (its prompts: the packed
+        # axis' blocks)
+        fast = _runner(smollm2, quantization, deterministic=False, kv_dtype=kv_dtype)
         a = _logits(fast, [(p, mine[:N])])
         b = _logits(fast, [(other, theirs[:90]), (p, mine[:N])])[90:]
         assert not np.array_equal(a, b)
-        np.testing.assert_allclose(a, alone, rtol=0, atol=0.2)  # the same model
+        # the same model (a bfloat16 pool read in another order: 0.46 at most, measured)
+        np.testing.assert_allclose(a, alone, rtol=0, atol=1.0)
 
 
 def test_the_flag_reaches_the_runner_on_the_native_backend_only() -> None:
