@@ -4,6 +4,7 @@ the KV format, host-side only."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import types
 
@@ -130,3 +131,39 @@ def test_rooms_are_swept_on_a_timer_and_their_bytes_counted() -> None:
     while len(rooms) and time.monotonic() < deadline:  # nobody touches the table
         time.sleep(0.02)
     assert len(rooms) == 0 and rooms.num_pieces() == 0 and rooms.num_failed == 1
+
+
+def test_a_pull_that_hangs_fails_within_the_deadline_and_aborts_the_room(monkeypatch) -> None:
+    """The transfer server never delivers: the request fails once its deadline passes
+    (the pull waits on the side's own threads, not the loop's default executor), and
+    the prefill server is told to drop the room."""
+    release = threading.Event()
+    transfer = types.SimpleNamespace(
+        piece_format=REPLY["piece"], fingerprint="abc",
+        runner=types.SimpleNamespace(cfg=types.SimpleNamespace(vocab_size=100)),
+        pull=lambda address, uuids: release.wait(30))
+    side = decode.DecodeSide(transfer, 0.5, {("127.0.0.1", 1)})
+    aborted = []
+
+    async def fetch(b):
+        return dict(REPLY)
+
+    async def abort(b):
+        aborted.append(b)
+
+    monkeypatch.setattr(side, "_fetch", fetch)
+    monkeypatch.setattr(side, "_abort", abort)
+    req = types.SimpleNamespace(prompt_ids=[1, 2, 3, 4, 5], grammar=None)
+
+    async def run() -> None:
+        t0 = time.monotonic()
+        with pytest.raises(TransferError, match="longer than 0.5 s"):
+            await side.receive(req, B, land=None)
+        assert time.monotonic() - t0 < 5
+        await asyncio.sleep(0)  # the abort task
+        assert aborted == [B]
+
+    try:
+        asyncio.run(run())
+    finally:
+        release.set()
