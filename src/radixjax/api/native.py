@@ -28,9 +28,10 @@ REQUEST_FIELDS = {"text", "input_ids", "sampling_params", "rid", "stream", "retu
 # sampling_params: ours by name; SGLang's that we accept only at their neutral value.
 SAMPLING_FIELDS = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
                    "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens",
-                   "frequency_penalty", "presence_penalty", "json_schema", "regex", "ebnf"}
+                   "frequency_penalty", "presence_penalty", "json_schema", "regex", "ebnf",
+                   "logit_bias"}
 NEUTRAL = {"min_new_tokens": (0,), "repetition_penalty": (1, 1.0), "stop_regex": ((), []),
-           "no_stop_trim": (False,), "logit_bias": ({},), "custom_params": ({},)}
+           "no_stop_trim": (False,), "custom_params": ({},)}
 IGNORED = {"spaces_between_special_tokens"}  # text-join detail of special tokens
 # Request fields SGLang's clients and router send that change nothing here whatever
 # their value; any other field of SGLang's is accepted at a neutral value (null, false,
@@ -56,6 +57,7 @@ class NativeItem:
     top_logprobs_num: int
     return_text_in_logprobs: bool
     bootstrap: Bootstrap | None = None  # a disaggregated request (disagg/bootstrap.py)
+    max_tokens_given: bool = False  # sampling_params named max_new_tokens
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,8 @@ def parse_generate(body: Any) -> NativeBatch:
     items, any_n = [], False
     for i, prompt in enumerate(prompts):
         sp, n = _sampling(fields["sampling_params"][i])
+        raw = fields["sampling_params"][i]
+        given = isinstance(raw, dict) and raw.get("max_new_tokens") is not None
         any_n |= n > 1
         want = bool(fields["return_logprob"][i])
         start = fields["logprob_start_len"][i]
@@ -170,7 +174,7 @@ def parse_generate(body: Any) -> NativeBatch:
             items.append(NativeItem(prompt, sp, j, rid if n == 1 else f"{rid}-{j}", want,
                                     top if want else 0,
                                     bool(fields["return_text_in_logprobs"][i]),
-                                    bootstraps[i]))
+                                    bootstraps[i], given))
     return NativeBatch(items, batched or any_n, stream)
 
 

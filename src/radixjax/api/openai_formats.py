@@ -52,16 +52,34 @@ def completion_logprobs(tok: Any, ids: list[int], lps: list[float],
             "text_offset": offsets}
 
 
-def completion_response(model: str, outs: list[GenerateOutput], tok: Any, p: Parsed) -> dict:
+def completion_response(model: str, outs: list[GenerateOutput], tok: Any, p: Parsed,
+                        prompt_ids: list[int] = ()) -> dict:
+    """With p.echo, each choice starts with the prompt (its text, and its tokens'
+    logprobs: None for the first, which nothing predicts)."""
+    echo = echo_text(p, prompt_ids, tok) if p.echo else ""
+
+    def logprobs(o: GenerateOutput) -> dict | None:
+        if not p.echo:
+            return completion_logprobs(tok, o.token_ids, o.logprobs, o.top_logprobs, p)
+        tops = [row or [] for row in o.prompt_top_logprobs]
+        return completion_logprobs(tok, [*prompt_ids, *o.token_ids],
+                                   [*o.prompt_logprobs, *o.logprobs], [*tops, *o.top_logprobs], p)
+
     return {
         "id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion",
         "created": int(time.time()), "model": model,
-        "choices": [{"index": i, "text": o.text or "", "finish_reason": o.finish_reason,
-                     "logprobs": completion_logprobs(tok, o.token_ids, o.logprobs,
-                                                     o.top_logprobs, p)}
+        "choices": [{"index": i, "text": echo + (o.text or ""), "finish_reason": o.finish_reason,
+                     "logprobs": logprobs(o)}
                     for i, o in enumerate(outs)],
         "usage": usage(outs),
     }
+
+
+def echo_text(p: Parsed, prompt_ids: list[int], tok: Any) -> str:
+    """The prompt as echoed: its text, or its token ids decoded."""
+    if isinstance(p.prompt, str):
+        return p.prompt
+    return tok.decode(list(prompt_ids)) if tok is not None else ""
 
 
 def chat_response(model: str, outs: list[GenerateOutput], tok: Any, p: Parsed) -> dict:

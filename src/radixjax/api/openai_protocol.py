@@ -26,6 +26,8 @@ class Parsed:
     top_logprobs: int
     echo: bool = False
     bootstrap: Bootstrap | None = None  # a disaggregated request (disagg/bootstrap.py)
+    max_tokens_given: bool = False  # the client named max_tokens (past the context: a 400)
+    suffix: str | None = None  # completions: fill in the middle before this text
 
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
@@ -72,7 +74,7 @@ def _check_fields(body: Any, allowed: set[str]) -> None:
         raise bad(f"Unrecognized request argument supplied: {', '.join(unknown)}", unknown[0])
     if not isinstance(body.get("model"), str):
         raise bad("'model' is required and must be a string", "model")
-    for unsupported in ("suffix", "tools", "logit_bias"):
+    for unsupported in ("tools",):
         if body.get(unsupported):
             raise bad(f"'{unsupported}' is not supported", unsupported)
     if body.get("best_of") not in (None, 1):
@@ -113,13 +115,14 @@ def _sampling(body: dict, max_tokens: int | None, default_max: int) -> tuple[Sam
     stream = _typed(body, "stream", (bool,), False)
     ignore_eos = _typed(body, "ignore_eos", (bool,), False)
     skip_special = _typed(body, "skip_special_tokens", (bool,), True)
+    bias = _typed(body, "logit_bias", (dict,), None) or {}
     try:
         sp = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k,
                             top_p=top_p, min_p=min_p, seed=seed, stop=stops,
                             ignore_eos=ignore_eos, skip_special_tokens=skip_special,
-                            **penalties, **_grammar(body))
+                            logit_bias=bias, **penalties, **_grammar(body))
     except SamplingParamsError as e:
-        raise bad(str(e)) from e
+        raise bad(str(e), "logit_bias" if "logit_bias" in str(e) else None) from e
     return sp, n, stream
 
 
@@ -176,14 +179,21 @@ def parse_completion(body: Any, default_max: int) -> Parsed:
     logprobs = _typed(body, "logprobs", (int,), None)
     if logprobs is not None:
         _in_range("logprobs", logprobs, 0, 5)
+    suffix = _typed(body, "suffix", (str,), None) or None
+    if suffix is not None and not isinstance(prompt, str):
+        raise bad("'suffix' goes with a text prompt", "suffix")
     echo = _typed(body, "echo", (bool,), False)
-    if echo:
-        raise bad("'echo' is not supported", "echo")
+    if echo and stream and logprobs is not None:
+        raise bad("'echo' with 'logprobs' is served without streaming only", "echo")
     top = logprobs or 0
     sp = _with_logprobs(sp, logprobs is not None, top)
+    if echo and logprobs is not None:  # the prompt's own logprobs come back too
+        sp = replace(sp, logprob_start_len=0)
     return _with_bootstrap(body, Parsed(prompt, None, sp, n, stream,
                                         _include_usage(body, stream), logprobs is not None,
-                                        top))
+                                        top, echo,
+                                        max_tokens_given=body.get("max_tokens") is not None,
+                                        suffix=suffix))
 
 
 def parse_chat(body: Any, default_max: int) -> Parsed:
@@ -213,7 +223,8 @@ def parse_chat(body: Any, default_max: int) -> Parsed:
         raise bad("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
     sp = _with_logprobs(sp, logprobs, top)
     return _with_bootstrap(body, Parsed(None, messages, sp, n, stream,
-                                        _include_usage(body, stream), logprobs, top))
+                                        _include_usage(body, stream), logprobs, top,
+                                        max_tokens_given=max_tokens is not None))
 
 
 def _with_bootstrap(body: dict, parsed: Parsed) -> Parsed:

@@ -253,6 +253,7 @@ class BatchBuilding:
             use_penalties=any(r.sampling.has_penalties for r in reqs),
             use_grammar=mask is not None,
             prompt_logprobs=host.scores is not None,
+            use_logit_bias=any(r.sampling.logit_bias for r in reqs),
         )
         batch = ScheduledBatch(reqs, num_new, samples, is_prefill, host, opts, mask)
         self._after_dispatch_bookkeeping(batch)

@@ -38,7 +38,12 @@ from radixjax.parallel.shard_params import kv_sharding, shard_params, sharded_co
 from radixjax.runtime.batch import DUMMY_SLOT, Buckets, HostBatch, PromptScores, TokenSource
 from radixjax.runtime.host_memory import release_free_memory
 from radixjax.runtime.packed_inputs import Packing, pack, unpack
-from radixjax.runtime.penalties import apply_penalties, count_sampled, gather_counts
+from radixjax.runtime.penalties import (
+    apply_logit_bias,
+    apply_penalties,
+    count_sampled,
+    gather_counts,
+)
 from radixjax.runtime.prompt_logprobs import (
     PromptLogprobs,
     no_prompt_logprobs,
@@ -128,11 +133,12 @@ class StepOptions:
     use_penalties: bool = False  # some request has frequency/presence penalties
     use_grammar: bool = False  # some row samples under a grammar: apply the token bitmask
     prompt_logprobs: bool = False  # some token scores the prompt token after it
+    use_logit_bias: bool = False  # some request has a logit_bias
 
     def flags(self) -> StepFlags:
         return StepFlags(*(np.bool_(v) for v in (self.do_sample, self.return_logprobs,
                                                  self.use_penalties, self.use_grammar,
-                                                 self.prompt_logprobs)))
+                                                 self.prompt_logprobs, self.use_logit_bias)))
 
 
 class StepOutput(NamedTuple):
@@ -177,6 +183,7 @@ def _step(
 
     logits, counts = lax.cond(flags.use_penalties, penalize, lambda lg, c: (lg, c),
                               logits, counts)
+    logits = lax.cond(flags.use_logit_bias, apply_logit_bias, lambda lg, _: lg, logits, sp)
     masked = lax.cond(flags.use_grammar, apply_token_bitmask, lambda lg, _: lg,
                       logits, token_mask)
     # Logprobs describe the model's distribution before the grammar mask (finite).

@@ -1,4 +1,5 @@
-"""Frequency / presence penalties from a device-side count of each request's output
+"""Logits processors of the step: logit_bias (apply_logit_bias), and frequency /
+presence penalties from a device-side count of each request's output
 tokens: `counts [num_token_rows, V] int32`, one row per request row (like the token
 buffer), updated inside the jitted step so no [B, V] array crosses the host link.
 
@@ -31,6 +32,13 @@ def apply_penalties(logits: jax.Array, rows: jax.Array, sp: SamplingArrays) -> j
     c = rows.astype(jnp.float32)
     return (logits - sp.frequency_penalty[:, None] * c
             - sp.presence_penalty[:, None] * (c > 0).astype(jnp.float32))
+
+
+def apply_logit_bias(logits: jax.Array, sp: SamplingArrays) -> jax.Array:
+    """logits [B, V] + each row's logit_bias (sp.bias_ids / bias_values [B, K]; padding
+    adds 0 to token 0). Like the penalties, before sampling and before logprobs."""
+    rows = jnp.arange(logits.shape[0])[:, None]
+    return logits.at[rows, sp.bias_ids].add(sp.bias_values)
 
 
 def count_sampled(counts: jax.Array, tokens: jax.Array, src: TokenSource) -> jax.Array:

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
+MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
 # Sizes a request may not exceed: each stop string is matched on every step's new text,
 # each grammar is compiled (and cached) before the request runs.
 MAX_STOP_STRINGS = 16
@@ -52,12 +53,21 @@ class SamplingParams:
     regex: str | None = None
     ebnf: str | None = None
     json_strict: bool = True  # no properties/items beyond the schema's (OpenAI `strict`)
+    # OpenAI's logit_bias: (token id, bias in [-100, 100]) pairs added to the logits
+    # before sampling (a dict {id: bias} is taken too); at most MAX_LOGIT_BIAS of them
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if isinstance(self.logit_bias, dict):
+            try:
+                pairs = tuple(sorted((int(k), v) for k, v in self.logit_bias.items()))
+            except (TypeError, ValueError):
+                raise SamplingParamsError("logit_bias keys must be token ids") from None
+            object.__setattr__(self, "logit_bias", pairs)
         if isinstance(self.json_schema, dict | bool):
             object.__setattr__(self, "json_schema", json.dumps(self.json_schema))
 
@@ -88,6 +98,15 @@ class SamplingParams:
             value = getattr(self, name)
             check(isinstance(value, int | float) and -2.0 <= value <= 2.0,
                   f"{name} must be in [-2, 2], got {value!r}")
+        bias = self.logit_bias
+        check(isinstance(bias, tuple) and len(bias) <= MAX_LOGIT_BIAS,
+              f"logit_bias may have at most {MAX_LOGIT_BIAS} entries")
+        check(all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], int)
+                  and not isinstance(p[0], bool) and p[0] >= 0 for p in bias),
+              "logit_bias keys must be token ids (non-negative integers)")
+        check(all(isinstance(p[1], int | float) and not isinstance(p[1], bool)
+                  and -100.0 <= p[1] <= 100.0 for p in bias),
+              "logit_bias values must be numbers in [-100, 100]")
         check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
               "stop_token_ids must be non-negative integers")
         check(isinstance(self.top_logprobs, int)
@@ -138,6 +157,8 @@ class SamplingArrays(NamedTuple):
     seed: np.ndarray  # [B] int32
     frequency_penalty: np.ndarray  # [B] f32
     presence_penalty: np.ndarray  # [B] f32
+    bias_ids: np.ndarray  # [B, MAX_LOGIT_BIAS] int32, logit_bias token ids (padding: 0)
+    bias_values: np.ndarray  # [B, MAX_LOGIT_BIAS] f32 (padding: 0)
 
     @staticmethod
     def build(params: list[SamplingParams], seeds: list[int], num_rows: int) -> SamplingArrays:
@@ -152,4 +173,14 @@ class SamplingArrays(NamedTuple):
                                        np.float32),
             presence_penalty=np.array([p.presence_penalty for p in params] + [0.0] * pad,
                                       np.float32),
+            **_bias_arrays(params, num_rows),
         )
+
+
+def _bias_arrays(params: list[SamplingParams], num_rows: int) -> dict[str, np.ndarray]:
+    ids = np.zeros((num_rows, MAX_LOGIT_BIAS), np.int32)
+    values = np.zeros((num_rows, MAX_LOGIT_BIAS), np.float32)
+    for i, p in enumerate(params):
+        for j, (token, bias) in enumerate(p.logit_bias):
+            ids[i, j], values[i, j] = token, bias
+    return {"bias_ids": ids, "bias_values": values}

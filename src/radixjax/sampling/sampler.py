@@ -28,6 +28,7 @@ class StepFlags(NamedTuple):
     use_penalties: jax.Array
     use_grammar: jax.Array
     prompt_logprobs: jax.Array
+    use_logit_bias: jax.Array
 
 
 def _kept(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array,

@@ -142,13 +142,25 @@ class ServerContext:
             return tok(text, add_special_tokens=False).input_ids
         return await asyncio.to_thread(render)
 
-    async def tokenize_prompt(self, prompt: str | list[int]) -> list[int]:
+    async def tokenize_prompt(self, prompt: str | list[int], special: bool = True) -> list[int]:
+        """special: the tokenizer's own additions (a BOS); False for a part of a prompt."""
         if isinstance(prompt, list):
             return prompt
         check_prompt_chars(len(prompt), self._longest_token, self.engine.config.max_context)
         if self.tok is None:
             raise bad("this model has no tokenizer: send token ids")
-        return await asyncio.to_thread(lambda: self.tok(prompt).input_ids)
+        return await asyncio.to_thread(
+            lambda: self.tok(prompt, add_special_tokens=special).input_ids)
+
+    def check_room(self, ids: list[int], max_tokens: int, param: str) -> None:
+        """A max_tokens the client named must fit the context left after its prompt (as
+        OpenAI, vLLM and SGLang answer; an absent one is cut to that room)."""
+        context = self.engine.config.max_context
+        if len(ids) + max_tokens > context:
+            raise bad(f"This model's maximum context length is {context} tokens. However, "
+                      f"you requested {len(ids) + max_tokens} tokens ({len(ids)} in the "
+                      f"prompt, {max_tokens} in the completion): reduce the prompt or "
+                      f"{param}", param)
 
     async def run_one(self, ids: list[int], sp: SamplingParams, index: int,
                       emit: Emit | None, rid: str | None = None,

@@ -30,6 +30,9 @@ def native_routes(ctx: ServerContext) -> list[Route]:
             if id(item.prompt) not in tokenized:
                 tokenized[id(item.prompt)] = await ctx.tokenize_prompt(item.prompt)
         prompt_ids = [tokenized[id(item.prompt)] for item in batch.items]
+        for item, ids in zip(batch.items, prompt_ids, strict=True):
+            if item.max_tokens_given:
+                ctx.check_room(ids, item.sampling.max_new_tokens, "max_new_tokens")
         ctx.metrics.requests.inc()
         eos = engine.eos_token_ids
 

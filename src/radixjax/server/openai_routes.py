@@ -13,18 +13,31 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from radixjax.api.errors import APIError
+from radixjax.api.errors import APIError, bad
 from radixjax.api.openai_formats import (
     chat_chunk,
     chat_response,
     completion_chunk,
     completion_response,
+    echo_text,
     usage,
 )
 from radixjax.api.openai_protocol import Parsed, parse_chat, parse_completion
 from radixjax.engine.output import GenerateOutput, StreamChunk
 from radixjax.server.context import Emit, ServerContext, sse_stream, while_connected
 from radixjax.server.limits import Ticket
+
+FIM = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")  # StarCoder's, SmolLM2's
+
+
+def fim_tokens(tok: Any) -> tuple[int, int, int]:
+    """The model's fill-in-the-middle token ids, or a 400 naming the missing ones."""
+    vocab = tok.get_vocab() if tok is not None else {}
+    missing = [t for t in FIM if t not in vocab]
+    if missing:
+        raise bad(f"'suffix' needs the model's fill-in-the-middle tokens; this model has "
+                  f"no {', '.join(missing)}", "suffix")
+    return vocab[FIM[0]], vocab[FIM[1]], vocab[FIM[2]]
 
 
 def openai_routes(ctx: ServerContext) -> list[Route]:
@@ -38,6 +51,11 @@ def openai_routes(ctx: ServerContext) -> list[Route]:
     async def tokenize(p: Parsed) -> list[int]:
         if p.messages is not None:
             return await ctx.tokenize_chat(p.messages)
+        if p.suffix is not None:  # fill in the middle: prefix, suffix, then the middle
+            pre, suf, mid = fim_tokens(tok)
+            before = await ctx.tokenize_prompt(p.prompt, special=False)
+            after = await ctx.tokenize_prompt(p.suffix, special=False)
+            return [pre, *before, suf, *after, mid]
         return await ctx.tokenize_prompt(p.prompt)
 
     async def generate(p: Parsed, ids: list[int], emit: Emit | None = None
@@ -63,13 +81,20 @@ def openai_routes(ctx: ServerContext) -> list[Route]:
                      else "text_completion", "created": created,
                      "model": config.model_name, "choices": [], "usage": usage(outs)})
 
-        roles = [chat_chunk(rid, created, config.model_name, i, None, tok, p)
-                 for i in range(p.n)] if is_chat else []
-        return sse_stream(produce, ticket, roles)
+        if is_chat:
+            first = [chat_chunk(rid, created, config.model_name, i, None, tok, p)
+                     for i in range(p.n)]
+        elif p.echo:  # the prompt first, as each choice's opening text
+            first = [{"id": rid, "object": "text_completion", "created": created,
+                      "model": config.model_name, "choices": [{
+                          "index": i, "text": echo_text(p, ids, tok), "finish_reason": None,
+                          "logprobs": None}]} for i in range(p.n)]
+        else:
+            first = []
+        return sse_stream(produce, ticket, first)
 
     def endpoint(is_chat: bool) -> Callable:
         parse = parse_chat if is_chat else parse_completion
-        respond = chat_response if is_chat else completion_response
 
         async def handle(request: Request, ticket: Ticket) -> Response:
             body = await ctx.read_json(request)
@@ -77,10 +102,16 @@ def openai_routes(ctx: ServerContext) -> list[Route]:
             ticket.count(p.n)
             check_model(body)
             ids = await tokenize(p)
+            if p.max_tokens_given:
+                ctx.check_room(ids, p.sampling.max_new_tokens,
+                               "max_completion_tokens" if is_chat and
+                               "max_completion_tokens" in body else "max_tokens")
             if p.stream:
                 return stream(p, ids, is_chat, ticket)
             outs = await while_connected(request, generate(p, ids))
-            return JSONResponse(respond(config.model_name, outs, tok, p))
+            if is_chat:
+                return JSONResponse(chat_response(config.model_name, outs, tok, p))
+            return JSONResponse(completion_response(config.model_name, outs, tok, p, ids))
         return ctx.admitted(handle)
 
     async def models(request: Request) -> Response:
