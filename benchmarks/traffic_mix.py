@@ -36,7 +36,7 @@ def main() -> None:
     model = served_model(args.base_url)
     cfg = MixConfig(model=model, num_requests=args.num_requests,
                     max_concurrency=args.max_concurrency,
-                    prompt_words=(1, 5, 40, 300, 1000, 2000), long_max_tokens=5000,
+                    prompt_words=(1, 5, 40, 300, 1000, 2000),
                     long_prompt_words=3000,
                     seed=args.seed)
     before = stats(args.base_url)

@@ -28,8 +28,8 @@ class MixConfig:
     num_requests: int = 40
     max_concurrency: int = 8
     prompt_words: tuple[int, ...] = (1, 3, 20, 120, 300)  # a word is one or two tokens
-    long_max_tokens: int = 480  # "long" requests ask for this many (past the context)
-    long_prompt_words: int = 350  # ... after a prompt this long, so the limit comes soon
+    long_prompt_words: int = 350  # "long" requests: a prompt this long, then an answer to
+    # the end of the context (the max_tokens that fills it: more is a 400)
     seed: int = 7
 
 
@@ -50,8 +50,8 @@ def _request(rng: random.Random, cfg: MixConfig, kind: str) -> tuple[str, dict]:
         body.update(extra_body={"regex": r"(yes|no), [a-z]{1,8}\."}, max_tokens=16)
     elif kind == "n2":
         body.update(n=2, temperature=1.0)
-    elif kind == "long":  # asks for more than the context holds: ends at its limit
-        body.update(max_tokens=cfg.long_max_tokens, temperature=0,
+    elif kind == "long":  # answers to the end of the context (its max_tokens: _one)
+        body.update(temperature=0,
                     extra_body={"ignore_eos": True})  # SGLang's field: no early EOS
         msgs = [{"role": "user", "content": " ".join(
             rng.choice(WORDS) for _ in range(cfg.long_prompt_words))}]
@@ -61,6 +61,16 @@ def _request(rng: random.Random, cfg: MixConfig, kind: str) -> tuple[str, dict]:
 
 async def _one(client: openai.AsyncOpenAI, kind: str, body: dict) -> None:
     extra = body.pop("extra_body", None)
+    if kind == "long":  # the room left after the prompt: one more token is a 400
+        context = (await client.models.list()).data[0].max_model_len
+        probe = await client.chat.completions.create(**dict(body, max_tokens=1))
+        room = context - probe.usage.prompt_tokens
+        try:
+            await client.chat.completions.create(**dict(body, max_tokens=room + 1))
+            raise AssertionError("max_tokens past the context was accepted")
+        except openai.BadRequestError as e:
+            assert "maximum context length" in str(e), e
+        body["max_tokens"] = room
     r = await client.chat.completions.create(**body, extra_body=extra)
     assert len(r.choices) == body.get("n", 1)
     for c in r.choices:

@@ -113,9 +113,11 @@ class Scheduler(BatchBuilding, ResultProcessing, Supervision):
             )
         if self.kvm.round_up(n + 1) > self.kvm.allocator.num_usable_slots:
             raise RequestError(f"the prompt ({n} tokens) does not fit the KV pool")
-        vocab = self.runner.cfg.vocab_size
-        if any(t >= vocab for t, _ in req.sampling.logit_bias):
-            raise RequestError(f"logit_bias names a token id past the vocabulary ({vocab})")
+        if req.sampling.logit_bias:
+            vocab = self.runner.cfg.vocab_size
+            if any(t >= vocab for t, _ in req.sampling.logit_bias):
+                raise RequestError(f"logit_bias names a token id past the vocabulary "
+                                   f"({vocab})")
         if req.sampling.logprob_start_len >= n:
             raise RequestError(f"logprob_start_len ({req.sampling.logprob_start_len}) must be "
                                f"less than the prompt's {n} tokens")
