@@ -19,11 +19,10 @@ import time
 from typing import Any
 
 import httpx
-import numpy as np
 
 from radixjax.cache.errors import OutOfKVSlots
 from radixjax.disagg.bootstrap import Bootstrap
-from radixjax.disagg.kv_transfer import KVTransfer, pieces_of
+from radixjax.disagg.kv_transfer import KVTransfer, num_pieces
 from radixjax.disagg.rooms import TransferError
 from radixjax.engine.errors import RequestError
 from radixjax.engine.handoff import LandKV
@@ -118,7 +117,7 @@ class DecodeSide:
         if not 0 <= first < self.transfer.runner.cfg.vocab_size:
             raise TransferError(f"the prefill server's first token {first} is not in the "
                                 "vocabulary")
-        if len(reply["uuids"]) != len(pieces_of(np.zeros(n))):
+        if len(reply["uuids"]) != num_pieces(n):
             raise TransferError(f"the prefill server offers {len(reply['uuids'])} KV "
                                 f"pieces for a prompt of {n} tokens")
         t0 = time.perf_counter()

@@ -62,6 +62,11 @@ def _weight_samples(weights: list[jax.Array]) -> list[jax.Array]:
     return out
 
 
+def num_pieces(num_tokens: int) -> int:
+    """How many pieces hold num_tokens tokens' KV."""
+    return -(-num_tokens // CHUNK)
+
+
 def pieces_of(slots: np.ndarray) -> list[np.ndarray]:
     """slots -> [CHUNK] int32 arrays, the last one padded with the dummy slot."""
     out = []
