@@ -14,6 +14,8 @@ import time
 from functools import partial
 from typing import Any
 
+from radixjax.api.reasoning import REASONING_FORMATS
+from radixjax.api.tool_formats import FORMATS
 from radixjax.engine.config import (
     DISAGGREGATION_MODES,
     KV_CACHE_DTYPES,
@@ -97,6 +99,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "runs); default: drawn from the OS at each start")
     g.add_argument("--enable-debug-endpoints", action="store_true",
                    help="POST /debug/inject_fault: the next step raises (tests)")
+    g = p.add_argument_group("tool calls and reasoning (docs/server.md)")
+    g.add_argument("--tool-call-parser", choices=sorted(FORMATS), default=None,
+                   help="how the model writes tool calls; default: read off its chat "
+                        "template (hermes when it says nothing)")
+    g.add_argument("--reasoning-parser", choices=sorted(REASONING_FORMATS), default=None,
+                   help="split <think> ... </think> into reasoning_content")
     g = p.add_argument_group("parallelism (docs/sharding.md)")
     g.add_argument("--tp", type=int, default=1,
                    help="tensor-parallel devices: heads, MLP columns, vocab and KV pool "
@@ -221,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(engine, ServerConfig(
         name, args.api_key, args.default_max_tokens, args.enable_debug_endpoints,
         Limits(args.max_request_bytes, args.max_concurrent_requests,
-               args.max_batch_requests), model_path=path))
+               args.max_batch_requests), model_path=path,
+        tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser))
     print(f"radixjax: serving {name} on http://{args.host}:{args.port} "
           f"(ready in {time.perf_counter() - t0:.0f}s, "
           f"{getattr(engine, 'replicas', [engine])[0].runner.num_programs} step programs"

@@ -29,7 +29,7 @@ REQUEST_FIELDS = {"text", "input_ids", "sampling_params", "rid", "stream", "retu
 SAMPLING_FIELDS = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
                    "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens",
                    "frequency_penalty", "presence_penalty", "json_schema", "regex", "ebnf",
-                   "logit_bias"}
+                   "structural_tag", "logit_bias"}
 NEUTRAL = {"min_new_tokens": (0,), "repetition_penalty": (1, 1.0), "stop_regex": ((), []),
            "no_stop_trim": (False,), "custom_params": ({},)}
 IGNORED = {"spaces_between_special_tokens"}  # text-join detail of special tokens

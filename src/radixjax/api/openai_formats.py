@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
+from radixjax.api.chat_output import ChoiceOutput
 from radixjax.api.openai_protocol import Parsed
 from radixjax.engine.output import GenerateOutput, StreamChunk
 
@@ -82,32 +84,26 @@ def echo_text(p: Parsed, prompt_ids: list[int], tok: Any) -> str:
     return tok.decode(list(prompt_ids)) if tok is not None else ""
 
 
-def chat_response(model: str, outs: list[GenerateOutput], tok: Any, p: Parsed) -> dict:
-    return {
-        "id": "chatcmpl-" + uuid.uuid4().hex, "object": "chat.completion",
-        "created": int(time.time()), "model": model,
-        "choices": [{"index": i,
-                     "message": {"role": "assistant", "content": o.text or ""},
-                     "finish_reason": o.finish_reason,
-                     "logprobs": chat_logprobs(tok, o.token_ids, o.logprobs, o.top_logprobs, p)}
-                    for i, o in enumerate(outs)],
-        "usage": usage(outs),
-    }
+def chat_response(model: str, outs: list[GenerateOutput], tok: Any, p: Parsed,
+                  shape: Callable[[], ChoiceOutput]) -> dict:
+    """shape(): a fresh ChoiceOutput, which splits each choice's text into reasoning,
+    content and tool calls."""
+    choices = []
+    for i, o in enumerate(outs):
+        message, finish = shape().message(o.text or "", o.finish_reason)
+        choices.append({"index": i, "message": message, "finish_reason": finish,
+                        "logprobs": chat_logprobs(tok, o.token_ids, o.logprobs,
+                                                  o.top_logprobs, p)})
+    return {"id": "chatcmpl-" + uuid.uuid4().hex, "object": "chat.completion",
+            "created": int(time.time()), "model": model, "choices": choices,
+            "usage": usage(outs)}
 
 
-def chat_chunk(rid: str, created: int, model: str, index: int, chunk: StreamChunk | None,
-               tok: Any, p: Parsed) -> dict:
-    """chunk None: the opening chunk with the assistant role."""
-    if chunk is None:
-        delta: dict[str, Any] = {"role": "assistant", "content": ""}
-        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
-    else:
-        choice = {"index": index, "delta": {"content": chunk.text} if chunk.text else {},
-                  "logprobs": chat_logprobs(tok, chunk.token_ids, chunk.logprobs,
-                                            chunk.top_logprobs, p),
-                  "finish_reason": chunk.finish_reason}
+def chat_chunk(rid: str, created: int, model: str, index: int, delta: dict,
+               logprobs: dict | None = None, finish_reason: str | None = None) -> dict:
     return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [choice]}
+            "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
+                         "finish_reason": finish_reason}]}
 
 
 def completion_chunk(rid: str, created: int, model: str, index: int, chunk: StreamChunk,

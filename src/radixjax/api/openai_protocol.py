@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from radixjax.api.errors import bad
+from radixjax.api.tool_spec import ToolRequest, parse_tools
 from radixjax.disagg.bootstrap import FIELDS as BOOTSTRAP_FIELDS
 from radixjax.disagg.bootstrap import Bootstrap, BootstrapError, parse_bootstrap
 from radixjax.sampling.params import MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError
@@ -28,6 +29,9 @@ class Parsed:
     bootstrap: Bootstrap | None = None  # a disaggregated request (disagg/bootstrap.py)
     max_tokens_given: bool = False  # the client named max_tokens (past the context: a 400)
     suffix: str | None = None  # completions: fill in the middle before this text
+    tools: ToolRequest | None = None  # chat: the tools the model may call
+    separate_reasoning: bool = True  # SGLang's: reasoning_content apart (a reasoning parser)
+    stream_reasoning: bool = True  # SGLang's: False gives the reasoning whole when it ends
 
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
@@ -35,14 +39,12 @@ _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n",
            "logprobs", "top_logprobs", "user", "ignore_eos", "logit_bias",
            "response_format", "json_schema", "regex", "ebnf",  # these three: SGLang's
            "skip_special_tokens"}
-# SGLang's extensions its router fills in: no effect here (no reasoning parser), or
-# accepted only at their neutral value (false / null).
-_SGLANG_IGNORED = {"separate_reasoning", "stream_reasoning"}
+# SGLang's extensions its router fills in, accepted only at their neutral value.
 _SGLANG_NEUTRAL = {"continue_final_message", "no_stop_trim", "return_hidden_states"}
 _BOOTSTRAP = set(BOOTSTRAP_FIELDS)  # SGLang's router, in PD mode
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "suffix", "best_of"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "tools", "tool_choice",
-                         "parallel_tool_calls"}
+                         "parallel_tool_calls", "separate_reasoning", "stream_reasoning"}
 MAX_N = 16
 
 
@@ -69,14 +71,11 @@ def _check_fields(body: Any, allowed: set[str]) -> None:
     for name in _SGLANG_NEUTRAL & set(body):
         if body[name] not in (None, False):
             raise bad(f"'{name}' is not supported", name)
-    unknown = sorted(set(body) - allowed - _SGLANG_IGNORED - _SGLANG_NEUTRAL - _BOOTSTRAP)
+    unknown = sorted(set(body) - allowed - _SGLANG_NEUTRAL - _BOOTSTRAP)
     if unknown:
         raise bad(f"Unrecognized request argument supplied: {', '.join(unknown)}", unknown[0])
     if not isinstance(body.get("model"), str):
         raise bad("'model' is required and must be a string", "model")
-    for unsupported in ("tools",):
-        if body.get(unsupported):
-            raise bad(f"'{unsupported}' is not supported", unsupported)
     if body.get("best_of") not in (None, 1):
         raise bad("'best_of' other than 1 is not supported", "best_of")
 
@@ -201,19 +200,13 @@ def parse_chat(body: Any, default_max: int) -> Parsed:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("'messages' must be a non-empty list", "messages")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant",
-                                                             "developer", "tool"):
-            raise bad(f"messages[{i}] must be an object with a valid 'role'", "messages")
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: only text
-            if not all(isinstance(p, dict) and p.get("type") == "text"
-                       and isinstance(p.get("text"), str) for p in content):
-                raise bad(f"messages[{i}].content: only text parts are supported", "messages")
-            m = dict(m, content="".join(p["text"] for p in content))
-            messages[i] = m
-        elif not isinstance(content, str):
-            raise bad(f"messages[{i}].content must be a string", "messages")
+    messages = [_message(m, i) for i, m in enumerate(messages)]
+    tools = parse_tools(body)
+    if tools is not None and tools.calls_allowed and body.get("response_format") not in (
+            None, {"type": "text"}):
+        raise bad("give either 'tools' or 'response_format'", "response_format")
+    reasoning = {k: _typed(body, k, (bool,), True)
+                 for k in ("separate_reasoning", "stream_reasoning")}
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     sp, n, stream = _sampling(body, max_tokens, default_max)
     logprobs = _typed(body, "logprobs", (bool,), False)
@@ -224,7 +217,36 @@ def parse_chat(body: Any, default_max: int) -> Parsed:
     sp = _with_logprobs(sp, logprobs, top)
     return _with_bootstrap(body, Parsed(None, messages, sp, n, stream,
                                         _include_usage(body, stream), logprobs, top,
-                                        max_tokens_given=max_tokens is not None))
+                                        max_tokens_given=max_tokens is not None,
+                                        tools=tools, **reasoning))
+
+
+def _message(m: Any, i: int) -> dict[str, Any]:
+    """One chat message, checked: its content as text (text parts joined); an assistant
+    turn may carry tool_calls instead of content, a tool turn answers one."""
+    where = f"messages[{i}]"
+    if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant",
+                                                         "developer", "tool"):
+        raise bad(f"{where} must be an object with a valid 'role'", "messages")
+    content = m.get("content")
+    if isinstance(content, list):  # content parts: only text
+        if not all(isinstance(p, dict) and p.get("type") == "text"
+                   and isinstance(p.get("text"), str) for p in content):
+            raise bad(f"{where}.content: only text parts are supported", "messages")
+        m = dict(m, content="".join(p["text"] for p in content))
+    calls = m.get("tool_calls")
+    if calls is not None:
+        if m["role"] != "assistant" or not isinstance(calls, list) or not all(
+                isinstance(c, dict) and isinstance(c.get("function"), dict)
+                and isinstance(c["function"].get("name"), str)
+                and isinstance(c["function"].get("arguments"), str) for c in calls):
+            raise bad(f"{where}.tool_calls must be a list of {{\"function\": {{\"name\", "
+                      f"\"arguments\"}}}} on an assistant message", "messages")
+    if not isinstance(m.get("content"), str) and not (calls and m.get("content") is None):
+        raise bad(f"{where}.content must be a string", "messages")
+    if m["role"] == "tool" and not isinstance(m.get("tool_call_id", ""), str):
+        raise bad(f"{where}.tool_call_id must be a string", "messages")
+    return m
 
 
 def _with_bootstrap(body: dict, parsed: Parsed) -> Parsed:

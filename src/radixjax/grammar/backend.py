@@ -1,4 +1,4 @@
-"""GrammarBackend: compiles a request's grammar (JSON schema, regex, EBNF) for one
+"""GrammarBackend: compiles a request's grammar (JSON schema, regex, EBNF, structural tag) for one
 tokenizer and hands out per-request matchers.
 
 Compiled grammars are cached by their key (kind, source, strict) in xgrammar's own
@@ -47,7 +47,9 @@ class GrammarBackend:
                     return self._compiler.compile_regex(source)
                 if kind == "ebnf":
                     return self._compiler.compile_grammar(source)
-        except RuntimeError as e:  # xgrammar's C++ errors: "[time] file:line: message"
+                if kind == "structural_tag":
+                    return self._compiler.compile_structural_tag(source)
+        except (RuntimeError, ValueError) as e:  # xgrammar's: "[time] file:line: message"
             raise GrammarError(f"invalid {kind}: {_message(e)}") from None
         raise GrammarError(f"unknown grammar kind {kind!r}")
 

@@ -16,6 +16,7 @@ MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 512  # per stop string
 MAX_GRAMMAR_CHARS = 128 * 1024  # a JSON schema's text, a regex, an EBNF grammar
+GRAMMAR_KINDS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
 class SamplingParamsError(ValueError):
@@ -48,10 +49,12 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # OpenAI: logit -= freq * count(token in the output)
     presence_penalty: float = 0.0  # OpenAI: logit -= pres * (token in the output)
     # Structured output (grammar/), at most one: a JSON schema (a dict or its JSON text;
-    # {} = any JSON value), a regex, or an EBNF grammar (GBNF style, `root ::= ...`).
+    # {} = any JSON value), a regex, an EBNF grammar (GBNF style, `root ::= ...`), or an
+    # xgrammar structural tag (a dict or its JSON text: tool calls, reasoning then a format).
     json_schema: str | dict[str, Any] | None = None
     regex: str | None = None
     ebnf: str | None = None
+    structural_tag: str | dict[str, Any] | None = None
     json_strict: bool = True  # no properties/items beyond the schema's (OpenAI `strict`)
     # OpenAI's logit_bias: (token id, bias in [-100, 100]) pairs added to the logits
     # before sampling (a dict {id: bias} is taken too); at most MAX_LOGIT_BIAS of them
@@ -70,6 +73,8 @@ class SamplingParams:
             object.__setattr__(self, "logit_bias", pairs)
         if isinstance(self.json_schema, dict | bool):
             object.__setattr__(self, "json_schema", json.dumps(self.json_schema))
+        if isinstance(self.structural_tag, dict):
+            object.__setattr__(self, "structural_tag", json.dumps(self.structural_tag))
 
         def check(ok: bool, msg: str) -> None:
             if not ok:
@@ -112,23 +117,24 @@ class SamplingParams:
         check(isinstance(self.top_logprobs, int)
               and 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS,
               f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")
-        given = [k for k in ("json_schema", "regex", "ebnf") if getattr(self, k) is not None]
-        check(len(given) <= 1, f"give at most one of json_schema, regex, ebnf; got {given}")
+        given = [k for k in GRAMMAR_KINDS if getattr(self, k) is not None]
+        check(len(given) <= 1, f"give at most one of {', '.join(GRAMMAR_KINDS)}; got {given}")
         check(all(isinstance(getattr(self, k), str) for k in given),
               f"{', '.join(given)} must be a string")
         check(all(len(getattr(self, k)) <= MAX_GRAMMAR_CHARS for k in given),
               f"{', '.join(given)} may have at most {MAX_GRAMMAR_CHARS} characters")
-        if self.json_schema is not None:
-            try:
-                json.loads(self.json_schema)
-            except ValueError as e:
-                raise SamplingParamsError(f"json_schema is not valid JSON: {e}") from None
+        for kind in ("json_schema", "structural_tag"):
+            if getattr(self, kind) is not None:
+                try:
+                    json.loads(getattr(self, kind))
+                except ValueError as e:
+                    raise SamplingParamsError(f"{kind} is not valid JSON: {e}") from None
 
     @property
     def grammar(self) -> tuple[str, str, bool] | None:
         """(kind, source, strict) of the grammar this request is constrained by, or None;
         the key compiled grammars are cached by."""
-        for kind in ("json_schema", "regex", "ebnf"):
+        for kind in GRAMMAR_KINDS:
             source = getattr(self, kind)
             if source is not None:
                 return kind, source, self.json_strict

@@ -12,11 +12,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from jinja2 import TemplateError
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from radixjax.api.errors import APIError, bad
+from radixjax.api.reasoning import REASONING_FORMATS
+from radixjax.api.tool_formats import FORMATS, detect_format
+from radixjax.api.tool_prompt import chat_for_template
+from radixjax.api.tool_spec import ToolRequest
 from radixjax.engine.engine import Engine, GenerateOutput, StreamChunk
 from radixjax.engine.errors import EngineError, RequestError
 from radixjax.sampling.params import SamplingParams, SamplingParamsError
@@ -41,6 +46,8 @@ class ServerConfig:
     enable_debug: bool = False  # POST /debug/inject_fault (tests of the supervision)
     limits: Limits = field(default_factory=Limits)
     model_path: str | None = None  # what /get_model_info reports (default: model_name)
+    tool_call_parser: str | None = None  # api/tool_formats.py FORMATS; None: from template
+    reasoning_parser: str | None = None  # api/reasoning.py REASONING_FORMATS
 
 
 class ClientGone(Exception):
@@ -109,6 +116,10 @@ class ServerContext:
                                    config.limits.max_batch_requests)
         self._longest_token = longest_token_chars(self.tok)
         self._expected_auth = f"Bearer {config.api_key}".encode()
+        template = getattr(self.tok, "chat_template", None)
+        self.tool_format = (FORMATS[config.tool_call_parser] if config.tool_call_parser
+                            else detect_format(template))
+        self.reasoning_format = REASONING_FORMATS.get(config.reasoning_parser or "")
 
     def authorize(self, request: Request) -> None:
         if self.config.api_key is None:
@@ -127,18 +138,25 @@ class ServerContext:
             raise bad(f"invalid JSON body: {e}") from e
         return request.state.body
 
-    async def tokenize_chat(self, messages: list[dict]) -> list[int]:
-        """The chat template rendered and tokenized in a worker thread, off the
-        scheduler's loop; a text that cannot fit the context is refused first."""
-        check_prompt_chars(sum(len(m["content"]) for m in messages), self._longest_token,
-                           self.engine.config.max_context)
+    async def tokenize_chat(self, messages: list[dict], tools: ToolRequest | None = None
+                            ) -> list[int]:
+        """The chat template rendered (with the tools the model may call, its own way or
+        ours: api/tool_prompt.py) and tokenized in a worker thread, off the scheduler's
+        loop; a text that cannot fit the context is refused first."""
+        check_prompt_chars(sum(len(m.get("content") or "") for m in messages),
+                           self._longest_token, self.engine.config.max_context)
         tok = self.tok
         if tok is None or not getattr(tok, "chat_template", None):
             raise bad("this model has no chat template")
+        messages, extra = chat_for_template(messages, tools, self.tool_format,
+                                            tok.chat_template)
 
         def render() -> list[int]:
-            text = tok.apply_chat_template(messages, add_generation_prompt=True,
-                                           tokenize=False)
+            try:
+                text = tok.apply_chat_template(messages, add_generation_prompt=True,
+                                               tokenize=False, **extra)
+            except TemplateError as e:  # the template's own checks (roles alternate...)
+                raise bad(f"the chat template refused these messages: {e}", "messages") from e
             return tok(text, add_special_tokens=False).input_ids
         return await asyncio.to_thread(render)
 

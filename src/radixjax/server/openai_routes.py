@@ -13,9 +13,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from radixjax.api.chat_constraint import constrain_chat
+from radixjax.api.chat_output import ChoiceOutput
 from radixjax.api.errors import APIError, bad
 from radixjax.api.openai_formats import (
     chat_chunk,
+    chat_logprobs,
     chat_response,
     completion_chunk,
     completion_response,
@@ -50,7 +53,7 @@ def openai_routes(ctx: ServerContext) -> list[Route]:
 
     async def tokenize(p: Parsed) -> list[int]:
         if p.messages is not None:
-            return await ctx.tokenize_chat(p.messages)
+            return await ctx.tokenize_chat(p.messages, p.tools)
         if p.suffix is not None:  # fill in the middle: prefix, suffix, then the middle
             pre, suf, mid = fim_tokens(tok)
             before = await ctx.tokenize_prompt(p.prompt, special=False)
@@ -65,15 +68,42 @@ def openai_routes(ctx: ServerContext) -> list[Route]:
                                                        bootstrap=p.bootstrap)
                                            for i in range(p.n))))
 
+    def shaper(p: Parsed) -> Callable[[], ChoiceOutput]:
+        """A chat choice's output: tool calls parsed when tools may be called, reasoning
+        when the server parses it and the request wants it apart."""
+        tools = ctx.tool_format if p.tools is not None and p.tools.calls_allowed else None
+        reasoning = ctx.reasoning_format if p.separate_reasoning else None
+        return lambda: ChoiceOutput(tools, reasoning, p.stream_reasoning)
+
     def stream(p: Parsed, ids: list[int], is_chat: bool, ticket: Ticket) -> Response:
         rid = ("chatcmpl-" if is_chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
-        make = chat_chunk if is_chat else completion_chunk
+        shape = shaper(p)
+        outputs: dict[int, ChoiceOutput] = {}
+
+        def chat(put: Callable[[Any], None], index: int, chunk: StreamChunk) -> None:
+            out = outputs.setdefault(index, shape())
+            deltas = out.feed(chunk.text) if chunk.text else []
+            finish = None
+            if chunk.finish_reason:
+                more, finish = out.finish(chunk.finish_reason)
+                deltas += more
+            logprobs = chat_logprobs(tok, chunk.token_ids, chunk.logprobs,
+                                     chunk.top_logprobs, p)
+            if not deltas and finish is not None:
+                deltas = [{}]
+            for k, delta in enumerate(deltas):
+                last = k == len(deltas) - 1
+                put(chat_chunk(rid, created, config.model_name, index, delta,
+                               logprobs if k == 0 else None, finish if last else None))
 
         async def produce(put: Callable[[Any], None]) -> None:
             async def emit(index: int, chunk: StreamChunk) -> None:
-                if chunk.text or chunk.finish_reason or (is_chat and not chunk.token_ids):
-                    put(make(rid, created, config.model_name, index, chunk, tok, p))
+                if is_chat:
+                    chat(put, index, chunk)
+                elif chunk.text or chunk.finish_reason:
+                    put(completion_chunk(rid, created, config.model_name, index, chunk, tok,
+                                         p))
 
             outs = await generate(p, ids, emit)
             if p.include_usage:
@@ -82,8 +112,8 @@ def openai_routes(ctx: ServerContext) -> list[Route]:
                      "model": config.model_name, "choices": [], "usage": usage(outs)})
 
         if is_chat:
-            first = [chat_chunk(rid, created, config.model_name, i, None, tok, p)
-                     for i in range(p.n)]
+            first = [chat_chunk(rid, created, config.model_name, i,
+                                {"role": "assistant", "content": ""}) for i in range(p.n)]
         elif p.echo:  # the prompt first, as each choice's opening text
             first = [{"id": rid, "object": "text_completion", "created": created,
                       "model": config.model_name, "choices": [{
@@ -99,6 +129,8 @@ def openai_routes(ctx: ServerContext) -> list[Route]:
         async def handle(request: Request, ticket: Ticket) -> Response:
             body = await ctx.read_json(request)
             p = parse(body, config.default_max_tokens)
+            if is_chat:
+                p = constrain_chat(p, ctx.tool_format, ctx.reasoning_format)
             ticket.count(p.n)
             check_model(body)
             ids = await tokenize(p)
@@ -110,7 +142,7 @@ def openai_routes(ctx: ServerContext) -> list[Route]:
                 return stream(p, ids, is_chat, ticket)
             outs = await while_connected(request, generate(p, ids))
             if is_chat:
-                return JSONResponse(chat_response(config.model_name, outs, tok, p))
+                return JSONResponse(chat_response(config.model_name, outs, tok, p, shaper(p)))
             return JSONResponse(completion_response(config.model_name, outs, tok, p, ids))
         return ctx.admitted(handle)
 
