@@ -132,3 +132,31 @@ def save_char_chat_model(src: Path, folder: Path) -> Path:
     (folder / "tokenizer_config.json").write_text(json.dumps(
         {**config, "chat_template": PLAIN_CHAT_TEMPLATE}))
     return folder
+
+
+# DeepSeek-R1's way: the generation prompt opens the reasoning
+THINKING_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
+                          "{% endfor %}{% if add_generation_prompt %}assistant:<think>\n"
+                          "{% endif %}")
+THINK_IDS = {"<think>": 254, "</think>": 255}
+
+
+def save_thinking_chat_model(src: Path, folder: Path) -> Path:
+    """save_char_chat_model with the last two characters' ids given to the added tokens
+    <think> and </think> (decoded as text, as DeepSeek-R1's are) and a template that
+    opens the reasoning."""
+    import json
+
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    save_char_chat_model(src, folder)
+    chars = [chr(c) for c in range(32, 127)] + [chr(0x100 + i) for i in range(254 - 95)]
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(chars)}, merges=[]))
+    tok.decoder = decoders.Fuse()
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_IDS])
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {**config, "chat_template": THINKING_CHAT_TEMPLATE}))
+    return folder

@@ -50,3 +50,31 @@ def test_each_format_accepts_its_calls_and_refuses_bad_ones(backend, smollm2, na
         assert not accepts(backend, tok, "required", fmt,
                            fmt.render([("get_weather", bad)]), end=False), bad
     assert not accepts(backend, tok, "required", fmt, fmt.render([("nope", {})]), end=False)
+
+
+def test_a_constraint_applies_after_the_reasoning(backend, smollm2) -> None:
+    from radixjax.api.chat_constraint import constrain_chat
+    from radixjax.api.openai_protocol import parse_chat
+    from radixjax.api.reasoning import REASONING_FORMATS
+
+    tok = smollm2.tokenizer
+
+    def accepts(body: dict, reasoning: str, text: str) -> bool:
+        p = parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]} | body,
+                       16)
+        p = constrain_chat(p, FORMATS["hermes"], REASONING_FORMATS[reasoning])
+        m = backend.matcher(backend.compile(p.sampling.grammar))
+        ids = tok(text, add_special_tokens=False).input_ids
+        return all(m.accept(t) for t in ids) and m.accept(tok.eos_token_id)
+
+    fmt = {"response_format": {"type": "json_schema", "json_schema": {"schema": {
+        "type": "object", "properties": {"a": {"enum": ["x", "y"]}}, "required": ["a"]}}}}
+    assert accepts(fmt, "deepseek-r1", 'Free < thoughts {.</think>{"a": "x"}')
+    assert not accepts(fmt, "deepseek-r1", "Free thoughts.</think>not json")
+    assert not accepts(fmt, "deepseek-r1", '{"a": "x"}')  # the reasoning must end first
+    assert accepts(fmt, "qwen3", '<think>hm</think>{"a": "y"}')
+    assert accepts(fmt, "qwen3", '{"a": "y"}')  # thinking off
+    call = FORMATS["hermes"].render([("get_time", {})])
+    tools = {"tools": TOOLS, "tool_choice": "required"}
+    assert accepts(tools, "deepseek-r1", "I need the time.</think>" + call)
+    assert not accepts(tools, "deepseek-r1", "I need the time.</think>It is noon.")
