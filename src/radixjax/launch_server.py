@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from radixjax.api.reasoning import REASONING_FORMATS
@@ -103,6 +104,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--tool-call-parser", choices=sorted(FORMATS), default=None,
                    help="how the model writes tool calls; default: read off its chat "
                         "template (hermes when it says nothing)")
+    g.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="a jinja chat template file instead of the model's own (e.g. one "
+                        "that renders tools)")
     g.add_argument("--reasoning-parser", choices=sorted(REASONING_FORMATS), default=None,
                    help="split <think> ... </think> into reasoning_content")
     g = p.add_argument_group("parallelism (docs/sharding.md)")
@@ -212,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         **({"dist": dist} if dist.is_multihost else {}),
         **({"dp": args.dp, "dp_policy": args.load_balance_method} if args.dp > 1 else {}),
     )
+    if args.chat_template and engine.tokenizer is not None:
+        engine.tokenizer.chat_template = Path(args.chat_template).read_text()
     if not dist.is_leader:
         print(f"radixjax: rank {dist.node_rank} of {dist.nnodes} ready, following rank 0",
               file=sys.stderr, flush=True)

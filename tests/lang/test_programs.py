@@ -129,3 +129,31 @@ def test_a_failing_request_is_reported_not_hung(request, which) -> None:
     s = bad.run(backend=request.getfixturevalue(f"{which}_backend"))
     with pytest.raises(sgl.ProgramError, match="max_new_tokens"):
         s.text()
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+                                     "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"]}}}
+
+
+@sgl.function
+def weather_agent(s, question, choice):
+    s += sgl.system(sgl.tools_prompt([WEATHER_TOOL]))
+    s += sgl.user(question)
+    s += sgl.assistant(sgl.gen("call", max_tokens=60, tools=[WEATHER_TOOL],
+                               tool_choice=choice))
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                 "function": {"name": "get_weather"}}])
+def test_gen_with_tools_makes_valid_calls_on_both_backends(run_both, choice) -> None:
+    s = run_both(weather_agent, question="Weather in Rome?", choice=choice, **GREEDY)
+    calls = s.get_meta_info("call")["tool_calls"]
+    assert len(calls) >= 1 and calls[0]["function"]["name"] == "get_weather"
+    jsonschema.validate(json.loads(calls[0]["function"]["arguments"]),
+                        WEATHER_TOOL["function"]["parameters"])
+    assert s["call"].startswith("<tool_call>")  # the text keeps what the model wrote
+    with pytest.raises(ValueError, match="tool_choice"):
+        sgl.gen("x", tools=[WEATHER_TOOL], tool_choice={"type": "function",
+                                                        "function": {"name": "nope"}})

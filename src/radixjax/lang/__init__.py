@@ -33,6 +33,7 @@ from radixjax.lang.ir import (
     system,
     system_begin,
     system_end,
+    tools_prompt,
     user,
     user_begin,
     user_end,
@@ -45,6 +46,6 @@ __all__ = [
     "ProgramError", "ProgramState", "RuntimeEndpoint", "assistant", "assistant_begin",
     "assistant_end", "function", "gen", "gen_int", "gen_string", "greedy_token_selection",
     "select", "set_default_backend", "system", "system_begin", "system_end",
-    "token_length_normalized", "unconditional_likelihood_normalized", "user", "user_begin",
-    "user_end",
+    "token_length_normalized", "tools_prompt", "unconditional_likelihood_normalized", "user",
+    "user_begin", "user_end",
 ]

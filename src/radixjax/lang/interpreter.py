@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from radixjax.api.tool_formats import FORMATS
+from radixjax.api.tool_parser import split_calls
 from radixjax.lang.backend import Backend
 from radixjax.lang.ir import LOGPROB_NAMES, Gen, RoleBegin, RoleEnd, Select, Seq
 
@@ -68,11 +70,14 @@ class Interpreter:
             for chunk in self.backend.stream(body):
                 s.append(chunk["text"][len(shown):], var=g.name)
                 shown, meta = chunk["text"], chunk["meta_info"]
-            self._store(g.name, shown, meta)
         else:
             out = self.backend.generate(body)
             s.append(out["text"], var=g.name)
-            self._store(g.name, out["text"], out["meta_info"])
+            shown, meta = out["text"], out["meta_info"]
+        if g.tool_format is not None:  # the calls, as OpenAI's tool_calls
+            calls = split_calls(FORMATS[g.tool_format], shown)[1]
+            meta = {**meta, "tool_calls": [c.as_openai() for c in calls]}
+        self._store(g.name, shown, meta)
 
     def _select(self, sel: Select) -> None:
         """Score each choice's tokens after the text (prompt logprobs, prefill only: the

@@ -15,6 +15,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from radixjax.api.errors import APIError
+from radixjax.api.tool_formats import FORMATS, structural_tag
+from radixjax.api.tool_prompt import chat_for_template
+from radixjax.api.tool_spec import parse_tools
 from radixjax.lang.choices import ChoiceMethod, token_length_normalized
 
 # A gen's dtype: the regex its text must match (the grammar ends the text there); a
@@ -62,6 +66,7 @@ class Gen(Node):
     name: str | None
     sampling: dict[str, Any]  # SGLang's sampling_params names; None: the run's default
     logprobs: dict[str, Any] = field(default_factory=dict)  # LOGPROB_NAMES given
+    tool_format: str | None = None  # with tools: the calls are parsed into the meta info
 
 
 @dataclass(frozen=True)
@@ -94,10 +99,16 @@ def gen(name: str | None = None, max_tokens: int | None = None,
         choices: list[str] | None = None, choices_method: ChoiceMethod | None = None,
         seed: int | None = None, return_logprob: bool | None = None,
         logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
-        return_text_in_logprobs: bool | None = None) -> Gen | Select:
+        return_text_in_logprobs: bool | None = None, tools: list[dict] | None = None,
+        tool_choice: str | dict = "auto", parallel_tool_calls: bool = True,
+        tool_format: str = "hermes") -> Gen | Select:
     """The model continues the program's text; the result is `s[name]`. With `choices`,
     a `select`. dtype (int, float, bool, str or their names) constrains the text to that
-    type's literal (s[name] is still the text, as in SGLang)."""
+    type's literal (s[name] is still the text, as in SGLang). With `tools` (OpenAI's
+    tool objects; tell the model about them first, e.g. `system(tools_prompt(tools))`),
+    the calls it writes in `tool_format` are constrained as on the server (a call names a
+    tool, its arguments follow the schema; `tool_choice` as OpenAI's) and parsed into
+    `s.get_meta_info(name)["tool_calls"]` (OpenAI's shape)."""
     if choices is not None:
         return select(name, choices, choices_method or token_length_normalized)
     if dtype is not None:
@@ -110,11 +121,38 @@ def gen(name: str | None = None, max_tokens: int | None = None,
     given = dict(max_new_tokens=max_tokens, stop=stop, stop_token_ids=stop_token_ids,
                  temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                  frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                 ignore_eos=ignore_eos, regex=regex, json_schema=json_schema, seed=seed)
+                 ignore_eos=ignore_eos, regex=regex, json_schema=json_schema, seed=seed,
+                 structural_tag=_tools_tag(tools, tool_choice, parallel_tool_calls,
+                                           tool_format))
     logprobs = dict(return_logprob=return_logprob, logprob_start_len=logprob_start_len,
                     top_logprobs_num=top_logprobs_num,
                     return_text_in_logprobs=return_text_in_logprobs)
-    return Gen(name, given, {k: v for k, v in logprobs.items() if v is not None})
+    return Gen(name, given, {k: v for k, v in logprobs.items() if v is not None},
+               tool_format if tools else None)
+
+
+def _tools_tag(tools: list[dict] | None, choice: str | dict, parallel: bool,
+               fmt: str) -> str | None:
+    """The structural tag that constrains the calls, as JSON text (None: no tools)."""
+    if not tools:
+        return None
+    if fmt not in FORMATS:
+        raise ValueError(f"tool_format must be one of {sorted(FORMATS)}, got {fmt!r}")
+    try:
+        req = parse_tools({"tools": tools, "tool_choice": choice,
+                           "parallel_tool_calls": parallel})
+    except APIError as e:
+        raise ValueError(e.message) from None
+    tag = structural_tag(FORMATS[fmt], req) if req is not None else None
+    return json.dumps(tag) if tag is not None else None
+
+
+def tools_prompt(tools: list[dict], tool_format: str = "hermes") -> str:
+    """The text that tells a model about `tools` and how to call them (the server's
+    fallback system prompt, api/tool_prompt.py), for `system(...)`."""
+    req = parse_tools({"tools": tools})
+    messages, _ = chat_for_template([], req, FORMATS[tool_format], None)
+    return messages[0]["content"]
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> Gen:
