@@ -92,3 +92,16 @@ def test_a_further_call_cut_off_in_its_header_is_dropped() -> None:
     assert [(c.name, c.arguments) for c in split_calls(FORMATS["hermes"], text)[1]] == [
         ("f", "{}")]
     assert split_calls(FORMATS["hermes"], text)[0] is None
+
+
+@pytest.mark.parametrize("template, name", [
+    ("{{ '[TOOL_CALLS]' + tool_calls | tojson }}", "mistral"),
+    ('<tool_call>\\n{"name": ..., "parameters": ...}', "hermes"),
+    ('{{- "<|python_tag|>" }}{"name": ..., "parameters": ...}', "llama3_json"),
+    ("{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}", "hermes"),
+    (None, "hermes"),
+])
+def test_the_format_is_read_off_the_template(template, name) -> None:
+    from radixjax.api.tool_formats import detect_format
+
+    assert detect_format(template).name == name

@@ -74,6 +74,8 @@ def detect_format(chat_template: str | None) -> CallFormat:
     template = chat_template or ""
     if "[TOOL_CALLS]" in template:
         return FORMATS["mistral"]
+    if "<tool_call>" in template:
+        return FORMATS["hermes"]
     if "<|python_tag|>" in template or '"parameters"' in template:
         return FORMATS["llama3_json"]
     return FORMATS["hermes"]
