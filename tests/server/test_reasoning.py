@@ -6,6 +6,7 @@ separate_reasoning false; a grammar applies after the reasoning."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import openai
@@ -14,8 +15,9 @@ import pytest
 from tests.server.conftest import launch_server, stop_server, wait_healthy
 from tests.tiny_models import THINK_IDS, save_thinking_chat_model
 
-FLAGS = ["--num-slots", "4096", "--max-running", "8", "--context-length", "1024",
-         "--max-prefill-tokens", "128", "--chunk-size", "128", "--enable-debug-endpoints"]
+# small buckets (few step programs) and XLA's fast compile: this module's own server
+FLAGS = ["--num-slots", "1024", "--max-running", "4", "--context-length", "256",
+         "--max-prefill-tokens", "32", "--chunk-size", "32"]
 MODEL = "tiny-thinker"
 ASK = [{"role": "user", "content": "What is 2 + 2?"}]
 END = {str(THINK_IDS["</think>"]): 4.0}  # </think> comes after a few tokens
@@ -25,8 +27,9 @@ END = {str(THINK_IDS["</think>"]): 4.0}  # </think> comes after a few tokens
 def client(tiny_model_dir, tmp_path_factory):
     folder = save_thinking_chat_model(Path(tiny_model_dir("llama")),
                                       tmp_path_factory.mktemp("think") / MODEL)
+    env = dict(os.environ, XLA_FLAGS="--xla_backend_optimization_level=0")
     proc, url = wait_healthy(launch_server(["--reasoning-parser", "deepseek-r1"],
-                                           ["--model", str(folder), *FLAGS]))
+                                           ["--model", str(folder), *FLAGS], env))
     yield openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
     stop_server(proc)
 
