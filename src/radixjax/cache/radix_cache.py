@@ -25,6 +25,8 @@ TokenIds = Sequence[int] | np.ndarray
 
 _EMPTY_SLOTS = np.zeros(0, dtype=np.int64)
 _EMPTY_SLOTS.setflags(write=False)
+_EMPTY_TOKENS = np.zeros(0, dtype=np.int32)
+_EMPTY_TOKENS.setflags(write=False)
 
 
 class RadixCache:
@@ -110,6 +112,42 @@ class RadixCache:
             pos += num_common
             node = child if num_common == child.key.size else None
         return pos
+
+    def continuation(self, tokens: TokenIds, max_tokens: int,
+                     namespace: Hashable | None = None) -> np.ndarray:
+        """[<= max_tokens] int32: what the tree holds after the whole of `tokens`, along
+        the most recently used branch (a cached reply to the same context: speculative
+        decoding's drafts); empty unless every token of `tokens` is cached. Read only:
+        nothing is touched or split."""
+        tokens = _as_tokens(tokens)
+        node, pos = self._roots.get(namespace), 0
+        edge, at = None, 0  # the edge the query ends inside, and how far into it
+        while node is not None and pos < tokens.size:
+            child = node.children.get(self._child_key(tokens, pos)) if (
+                pos + self.page_size <= tokens.size) else self._tail_child(node, tokens[pos:])
+            if child is None:
+                return _EMPTY_TOKENS
+            n = min(child.key.size, tokens.size - pos)
+            if child.key[:n].tobytes() != tokens[pos:pos + n].tobytes():
+                return _EMPTY_TOKENS
+            pos += n
+            edge, at, node = child, n, child
+        if edge is None:
+            return _EMPTY_TOKENS
+        out = [edge.key[at:]]
+        total = out[0].size
+        while total < max_tokens and edge.children:
+            edge = max(edge.children.values(), key=lambda c: c.last_access)
+            out.append(edge.key)
+            total += edge.key.size
+        return np.concatenate(out)[:max_tokens].astype(np.int32)
+
+    def _tail_child(self, node: TreeNode, tail: np.ndarray) -> TreeNode | None:
+        """The child whose first page starts with `tail` (shorter than a page), if any."""
+        for child in node.children.values():
+            if child.key[:tail.size].tobytes() == tail.tobytes():
+                return child
+        return None
 
     def insert(
         self, tokens: TokenIds, slots: np.ndarray, namespace: Hashable | None = None
