@@ -34,6 +34,4 @@ def _as_format(sp: SamplingParams) -> dict:
                 "max_whitespace_cnt": 1}
     if kind == "regex":
         return {"type": "regex", "pattern": source}
-    if kind == "ebnf":
-        return {"type": "grammar", "grammar": source}
-    return json.loads(source)["format"]  # a structural tag
+    return {"type": "grammar", "grammar": source}  # ebnf (chat takes no structural tag)

@@ -106,13 +106,9 @@ class ToolCallParser:
         out: list[Delta] = []
         while self._step(out, final=True):
             pass
-        if self._state == "args" and self._buf[self._sent_args:]:  # cut off in them
+        # what is left: arguments cut off (max_tokens), or a further call's header cut off
+        if self._state == "args" and self._buf[self._sent_args:]:
             out.append(self._args(self._buf[self._sent_args:]))
-        elif self._state in ("header", "end") and self._buf:
-            if self._state == "header" and self._first_header:
-                self._text(out, self._buf)
-        elif self._state == "text":
-            self._text(out, self._buf)
         self._buf = ""
         return [d for d in out if not isinstance(d, Text) or d.text]
 
@@ -184,9 +180,9 @@ class ToolCallParser:
             return True
         # "end": the call's closing, then another call of the block or the block's close
         m = self._end.match(buf, partial=not final)
-        if m is None or (m.partial and final):
+        if m is None:
             self._state = "text"  # malformed closing: what follows is text
-            return bool(buf) and not final
+            return True
         if m.partial:
             return False
         self._buf = buf[m.end():]

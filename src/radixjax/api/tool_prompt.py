@@ -41,16 +41,21 @@ def chat_for_template(messages: list[dict], tools: ToolRequest | None, fmt: Call
     messages = _history(messages, fmt, template)
     if tools is None or not tools.calls_allowed:
         return messages, {}
-    listed = [f.as_tool() for f in tools.functions]
     if template_reads_tools(template):
-        return messages, {"tools": listed}
-    system = FALLBACK_SYSTEM.format(
-        tools="\n".join(json.dumps(t) for t in listed),
-        example=fmt.render([("function_name", {"argument": "value"})]))
+        return messages, {"tools": [f.as_tool() for f in tools.functions]}
+    system = fallback_system(tools, fmt)
     if messages and messages[0]["role"] in ("system", "developer"):
         first = dict(messages[0], content=f"{messages[0]['content']}\n\n{system}")
         return [first, *messages[1:]], {}
     return [{"role": "system", "content": system}, *messages], {}
+
+
+def fallback_system(tools: ToolRequest, fmt: CallFormat) -> str:
+    """Our system prompt for a template without a `tools` variable: the tools as JSON and
+    one call shown in `fmt`."""
+    return FALLBACK_SYSTEM.format(
+        tools="\n".join(json.dumps(f.as_tool()) for f in tools.functions),
+        example=fmt.render([("function_name", {"argument": "value"})]))
 
 
 def _history(messages: list[dict], fmt: CallFormat, template: str | None) -> list[dict]:

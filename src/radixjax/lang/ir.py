@@ -17,7 +17,7 @@ from typing import Any, Union
 
 from radixjax.api.errors import APIError
 from radixjax.api.tool_formats import FORMATS, structural_tag
-from radixjax.api.tool_prompt import chat_for_template
+from radixjax.api.tool_prompt import fallback_system
 from radixjax.api.tool_spec import parse_tools
 from radixjax.lang.choices import ChoiceMethod, token_length_normalized
 
@@ -150,9 +150,7 @@ def _tools_tag(tools: list[dict] | None, choice: str | dict, parallel: bool,
 def tools_prompt(tools: list[dict], tool_format: str = "hermes") -> str:
     """The text that tells a model about `tools` and how to call them (the server's
     fallback system prompt, api/tool_prompt.py), for `system(...)`."""
-    req = parse_tools({"tools": tools})
-    messages, _ = chat_for_template([], req, FORMATS[tool_format], None)
-    return messages[0]["content"]
+    return fallback_system(parse_tools({"tools": tools}), FORMATS[tool_format])
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> Gen:
