@@ -72,12 +72,20 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                          "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 1.0})),
 }
 
+# Not in the HF parity sweep: a llama whose head size (64) the CPU attention handler
+# (model/cpu_decode.py) computes, so every token of a step runs as a decode's row there:
+# the same bits as a decode (speculative decoding's verify steps, tests/engine).
+HANDLER_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama_h64": ("LlamaConfig", dict(num_attention_heads=2, num_key_value_heads=1,
+                                      head_dim=64, tie_word_embeddings=True)),
+}
+
 
 def make_tiny_hf_model(family: str, seed: int = 0) -> Any:
     import torch
     import transformers
 
-    cls_name, extra = FAMILIES[family]
+    cls_name, extra = {**FAMILIES, **HANDLER_FAMILIES}[family]
     config = getattr(transformers, cls_name)(**{"intermediate_size": 96, **_COMMON, **extra})
     config._attn_implementation = "eager"
     torch.manual_seed(seed)

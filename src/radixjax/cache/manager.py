@@ -138,6 +138,12 @@ class KVCacheManager:
         self.tree.dec_lock_ref(last_node)
         self._num_held -= slots.size - num_cached
 
+    def give_back(self, slots: np.ndarray) -> None:
+        """Free slots a running request held privately at the end of its list (a verify
+        step's rejected drafts: whole pages, past anything the tree holds)."""
+        self.allocator.free(np.asarray(slots, dtype=np.int64))
+        self._num_held -= len(slots)
+
     def check_integrity(self) -> None:
         """Check the allocator, the tree, and that every usable slot is counted once."""
         self.allocator.check_integrity()

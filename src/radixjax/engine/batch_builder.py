@@ -31,6 +31,7 @@ from radixjax.engine.config import EngineConfig
 from radixjax.engine.constrained import build_token_mask
 from radixjax.engine.policy import SchedulePolicy, match_tokens
 from radixjax.engine.request import Req, ReqState
+from radixjax.engine.speculative import draft_for, eligible
 from radixjax.engine.stats import EngineStats
 from radixjax.engine.waiting_queue import WaitingQueue
 from radixjax.runtime.batch import HostBatch, PrefixMemo, PromptScores, RequestSlice, build_batch
@@ -47,10 +48,26 @@ class ScheduledBatch:
     host: HostBatch
     opts: StepOptions
     token_mask: np.ndarray | None  # grammar bitmask [B, ceil(V / 32)] int32, if any
+    # a verify step (engine/speculative.py): each request's draft tokens, fed after its
+    # last token; it samples after each of its 1 + len(drafts) tokens. None: no drafts
+    drafts: list[list[int]] | None = None
+
+    @property
+    def num_samples(self) -> list[int]:
+        """Sampling rows of each request (1, or 1 + its drafts in a verify step)."""
+        if self.drafts is None:
+            return [1] * len(self.reqs)
+        return [1 + len(d) for d in self.drafts]
+
+    @property
+    def first_rows(self) -> list[int]:
+        """Each request's first sampling row (its rows follow one another)."""
+        return np.concatenate([[0], np.cumsum(self.num_samples)[:-1]]).astype(int).tolist()
 
     def sampling(self) -> SamplingArrays:
-        return SamplingArrays.build([r.sampling for r in self.reqs],
-                                    [r.seed for r in self.reqs], self.host.shape.num_reqs)
+        reqs = [r for r, n in zip(self.reqs, self.num_samples, strict=True) for _ in range(n)]
+        return SamplingArrays.build([r.sampling for r in reqs], [r.seed for r in reqs],
+                                    self.host.shape.num_reqs)
 
 
 class BatchBuilding:
@@ -175,7 +192,35 @@ class BatchBuilding:
         decodes = self._reserve_decode_slots(decodes, may_retract=True)
         if not decodes:
             return None
-        return self._build(decodes, [1] * len(decodes), is_prefill=False)
+        drafts = self._plan_drafts(decodes) if self.cfg.speculative_algorithm else None
+        num_new = [1] * len(decodes) if drafts is None else [1 + len(d) for d in drafts]
+        return self._build(decodes, num_new, is_prefill=False, drafts=drafts)
+
+    def _plan_drafts(self, decodes: list[Req]) -> list[list[int]] | None:
+        """Each request's drafts for this decode step (engine/speculative.py), with KV
+        slots for them; None when no request drafts (a plain decode step)."""
+        cfg = self.cfg
+        if len(decodes) > cfg.speculative_max_batch or any(
+                r.sampling.has_penalties for r in decodes):
+            return None
+        room = cfg.max_running - len(decodes)  # sampling rows past one per request
+        out = []
+        tree = self.kvm.tree if cfg.enable_cache else None
+        for r in decodes:
+            drafts: list[int] = []
+            if room > 0 and r.num_pending == 0 and eligible(r):
+                max_k = min(cfg.speculative_num_draft_tokens, room, r.remaining_tokens - 1,
+                            cfg.max_context - r.seq_len - 1)
+                drafts = draft_for(r, cfg, max_k, tree)
+                need = self.kvm.round_up(r.num_computed + 1 + len(drafts)) - r.slots.size
+                if need > 0:
+                    if need > self.kvm.available_size():
+                        drafts = []  # no room: never evict or retract for drafts
+                    else:
+                        r.append_slots(self.kvm.alloc(need))
+                room -= len(drafts)
+            out.append(drafts)
+        return out if any(out) else None
 
     def decode_may_retract(self) -> bool:
         """Whether the next decode step could retract (short of KV, or the test hook):
@@ -221,14 +266,17 @@ class BatchBuilding:
     # -- the host batch ---------------------------------------------------------------------
 
     def _build(self, reqs: list[Req], num_new: list[int], is_prefill: bool,
-               num_extend: int = 0) -> ScheduledBatch:
-        """num_extend: the leading requests that extend (prefill); the rest decode."""
+               num_extend: int = 0, drafts: list[list[int]] | None = None) -> ScheduledBatch:
+        """num_extend: the leading requests that extend (prefill); the rest decode.
+        drafts: a verify step's (each request's draft tokens, fed after its last one)."""
         slices, samples = [], []
         for i, (r, n) in enumerate(zip(reqs, num_new, strict=True)):
+            draft = drafts[i] if drafts is not None else []
             start, end = r.num_computed, r.num_computed + n
-            from_device = r.num_pending > 0 and end == r.seq_len
-            tokens = np.array(r.ids(start, end) if not from_device
-                              else r.ids(start, end - 1) + [0], np.int32)
+            known_end = end - len(draft)  # the drafts follow the request's known tokens
+            from_device = r.num_pending > 0 and known_end == r.seq_len
+            tokens = np.array((r.ids(start, known_end) if not from_device
+                               else r.ids(start, known_end - 1) + [0]) + draft, np.int32)
             self.rows.write(r.row, start, r.slots[start:end])
             # Penalty counts: outputs fed by an extend are (re)counted; a decode's input
             # was counted when it was sampled.
@@ -236,17 +284,20 @@ class BatchBuilding:
             slices.append(RequestSlice(
                 tokens, r.slots[:end], r.row,
                 first_from_device=from_device and n == 1, reset_counts=r.needs_count_reset,
-                count_from=count_from, count_sampled=end == r.seq_len,
-                sync_row=not r.row_synced))
+                count_from=count_from, count_sampled=known_end == r.seq_len,
+                sync_row=not r.row_synced, num_samples=1 + len(draft)))
             r.needs_count_reset = False
             r.row_synced = True
-            samples.append(end == r.seq_len)
+            samples.append(known_end == r.seq_len)
         host = build_batch(slices, self.runner.buckets, self.prefix_memo)
         host = host._replace(scores=_prompt_scores(reqs[:num_extend], num_new, host))
-        mask = None
+        batch = ScheduledBatch(reqs, num_new, samples, is_prefill, host, StepOptions(), None,
+                               drafts)
         if any(r.grammar is not None for r in reqs):
-            mask = build_token_mask(reqs, samples, host.shape.num_reqs,
-                                    self.runner.cfg.vocab_size)
+            batch.token_mask = build_token_mask(reqs, samples, batch.first_rows,
+                                                host.shape.num_reqs,
+                                                self.runner.cfg.vocab_size)
+        mask = batch.token_mask
         opts = StepOptions(  # runtime flags of the shape's one program
             do_sample=any(not r.sampling.is_greedy for r in reqs),
             return_logprobs=any(r.sampling.logprobs for r in reqs),
@@ -255,7 +306,7 @@ class BatchBuilding:
             prompt_logprobs=host.scores is not None,
             use_logit_bias=any(r.sampling.logit_bias for r in reqs),
         )
-        batch = ScheduledBatch(reqs, num_new, samples, is_prefill, host, opts, mask)
+        batch.opts = opts
         self._after_dispatch_bookkeeping(batch)
         return batch
 

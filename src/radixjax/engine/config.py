@@ -10,6 +10,7 @@ from radixjax.model.forms import ATTENTION_BACKENDS, MOE_DISPATCH, QUANTIZATIONS
 POLICIES = ("lpm", "dfs-weight", "fcfs")
 DISAGGREGATION_MODES = ("null", "prefill", "decode")  # SGLang's names
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")  # SGLang's --kv-cache-dtype
+SPECULATIVE_ALGORITHMS = ("ngram",)  # SGLang's --speculative-algorithm (ours: no model)
 
 
 class EngineConfigError(ValueError):
@@ -69,6 +70,18 @@ class EngineConfig:
     # XLA compiler options of the step programs, (name, value) pairs
     # (RunnerConfig.xla_options); (): XLA's defaults
     xla_options: tuple[tuple[str, Any], ...] = ()
+    # Speculative decoding (engine/speculative.py, docs/speculative.md), SGLang's names:
+    # "ngram": drafts from the radix tree and the request's own tokens; None: off
+    speculative_algorithm: str | None = None
+    # the most drafts a request verifies per step (a step's drafts also stay within
+    # max_running - its requests: each is a sampling row of the batch)
+    speculative_num_draft_tokens: int = 8
+    # n-gram lengths matched against the request's tokens (SGLang's match window sizes)
+    speculative_ngram_min_match_window_size: int = 2
+    speculative_ngram_max_match_window_size: int = 4
+    # no drafts in a decode step of more requests than this (measured, benchmarks/
+    # speculative.py: past it verify steps cost more than accepted drafts save)
+    speculative_max_batch: int = 4
 
     @property
     def max_step_tokens(self) -> int:
@@ -116,6 +129,15 @@ class EngineConfig:
               "DP attention needs tp > 1 (one DP rank per device)")
         check(not self.enable_dp_attention or self.disaggregation_mode == "null",
               "DP attention with prefill-decode disaggregation is not supported")
+        check(self.speculative_algorithm in (None, *SPECULATIVE_ALGORITHMS),
+              f"speculative_algorithm must be None or one of {SPECULATIVE_ALGORITHMS}")
+        check(self.speculative_algorithm is None or not self.enable_dp_attention,
+              "speculative decoding with DP attention is not supported")
+        check(self.speculative_num_draft_tokens >= 1, "speculative_num_draft_tokens must be >= 1")
+        check(1 <= self.speculative_ngram_min_match_window_size
+              <= self.speculative_ngram_max_match_window_size,
+              "need 1 <= speculative n-gram min window <= max window")
+        check(self.speculative_max_batch >= 1, "speculative_max_batch must be >= 1")
 
 
 class ServingForm(NamedTuple):

@@ -14,21 +14,24 @@ from radixjax.sampling.bitmask import bitmask_width
 
 
 def waits_for_host(reqs: list[Req]) -> bool:
-    """Whether a constrained request among `reqs` has its last token still on the device."""
-    return any(r.grammar is not None and r.num_pending for r in reqs)
+    """Whether a request among `reqs` has its last token still on the device and needs
+    it on the host for the next step: a constrained request's mask, a request about to
+    draft (engine/speculative.py)."""
+    return any((r.grammar is not None or r.wants_drafts) and r.num_pending for r in reqs)
 
 
-def build_token_mask(reqs: list[Req], samples: list[bool], num_rows: int,
-                     vocab_size: int) -> np.ndarray | None:
-    """[num_rows, ceil(V / 32)] int32 bitmask, all ones but the constrained rows that
-    sample in this step; None when there are none (the step then skips the mask)."""
-    rows = [i for i, (r, keep) in enumerate(zip(reqs, samples, strict=True))
-            if keep and r.grammar is not None]
-    if not rows:
+def build_token_mask(reqs: list[Req], samples: list[bool], rows: list[int],
+                     num_rows: int, vocab_size: int) -> np.ndarray | None:
+    """[num_rows, ceil(V / 32)] int32 bitmask, all ones but the constrained requests'
+    rows (rows[i]: request i's sampling row) that sample in this step; None when there
+    are none (the step then skips the mask)."""
+    constrained = [i for i, (r, keep) in enumerate(zip(reqs, samples, strict=True))
+                   if keep and r.grammar is not None]
+    if not constrained:
         return None
     mask = np.full((num_rows, bitmask_width(vocab_size)), -1, np.int32)
-    for i in rows:
-        reqs[i].grammar.fill_bitmask(mask, i)
+    for i in constrained:
+        reqs[i].grammar.fill_bitmask(mask, rows[i])
     return mask
 
 

@@ -57,6 +57,8 @@ class Req:
     needs_count_reset: bool = False  # set at admission: the penalty counts start over
     row_synced: bool = False  # the device req_to_token row holds this request's slots
     grammar: Any = None  # grammar/xgr.Matcher of a constrained request (engine/constrained.py)
+    draft: Any = None  # engine/speculative.DraftState once the request has drafted
+    wants_drafts: bool = False  # drafts likely next step: process its in-flight token first
     out: RequestOutput | None = None  # set when the scheduler takes the request
     # A prefill server's disaggregated request: called once as it finishes, with the
     # prompt's slots (None if its KV is not there), before they go back to the tree

@@ -21,6 +21,7 @@ from radixjax.engine.batch_builder import ScheduledBatch
 from radixjax.engine.config import EngineConfig
 from radixjax.engine.constrained import jump_forward
 from radixjax.engine.request import Req, ReqState
+from radixjax.engine.speculative import drafts_likely, eligible, num_accepted
 from radixjax.engine.stats import EngineStats
 from radixjax.runtime.model_runner import StepOptions, StepOutput
 
@@ -52,6 +53,8 @@ class ResultProcessing:
     stats: EngineStats
     eos_token_ids: tuple[int, ...]
 
+    running: list[Req]
+
     finish: Callable[..., None]  # Scheduler.finish
 
     _mark_finished: Callable[..., None]  # Scheduler._mark_finished
@@ -66,8 +69,10 @@ class ResultProcessing:
         now = self.stats.now()
         if prompt is not None:
             _record_prompt_logprobs(flight.batch, prompt)
-        for i, (r, keep) in enumerate(zip(flight.batch.reqs, flight.batch.samples,
-                                          strict=True)):
+        batch = flight.batch
+        drafts = batch.drafts or [[]] * len(batch.reqs)
+        for r, keep, i, draft in zip(batch.reqs, batch.samples, batch.first_rows, drafts,
+                                     strict=True):
             if not keep:
                 continue
             r.num_pending -= 1
@@ -75,6 +80,9 @@ class ResultProcessing:
                 continue  # finished or aborted while this step was in flight
             if r.sampling.max_new_tokens == 0:  # prefill only: the prompt is now cached
                 self.finish(r, "length")
+                continue
+            if draft:
+                self._verified(r, draft, (tokens, logprobs, top_ids, top_lps), i, now)
                 continue
             token = int(tokens[i])
             new = [token]
@@ -85,23 +93,54 @@ class ResultProcessing:
                     continue
                 new += self._jump_forward(r)
             r.output_ids.extend(new)
-            if r.sampling.logprobs and logprobs is not None:
-                r.logprobs.append(float(logprobs[i]))
-                k = r.sampling.top_logprobs
-                if k and top_ids is not None:
-                    r.top_logprobs.append(
-                        [(int(t), float(lp)) for t, lp in zip(top_ids[i][:k], top_lps[i][:k],
-                                                              strict=True)])
+            _add_logprobs(r, (logprobs, top_ids, top_lps), i)
             if r.stats.first_token is None:
                 r.stats.first_token = now
             self._emit(r, new, token)
+            if self.cfg.speculative_algorithm and r.state is ReqState.RUNNING:
+                r.wants_drafts = (len(self.running) <= self.cfg.speculative_max_batch
+                                  and eligible(r) and drafts_likely(
+                                      r, self.cfg, self.kvm.tree if self.cfg.enable_cache
+                                      else None))
+
+    def _verified(self, r: Req, draft: list[int], sample: tuple, first: int,
+                  now: float) -> None:
+        """A verify step's outcome for r (engine/speculative.py): its tokens t0..tk at
+        rows first.., the drafts accepted while equal, then the bonus token; taken one by
+        one, so that r ends where plain decoding would (EOS, a stop string, its length).
+        The KV of the positions past what r keeps is freed at once."""
+        tokens = [int(t) for t in sample[0][first:first + len(draft) + 1]]
+        accepted = num_accepted(draft, tokens)
+        r.draft.observe(len(draft), accepted)
+        self.stats.on_verify(len(draft), accepted)
+        known = len(r.prompt_ids) + len(r.output_ids)
+        new, text, reason = [], "", None
+        for j, token in enumerate(tokens[:accepted + 1]):
+            new.append(token)
+            r.output_ids.append(token)
+            _add_logprobs(r, sample[1:], first + j)
+            text += r.out.push([token])
+            reason = self._finish_reason(r, token)
+            if reason is not None:
+                break
+        r.num_computed = known + len(new) - 1  # the last new token is fed by the next step
+        keep = max(self.kvm.round_up(r.num_computed), r.num_cached)
+        if r.slots.size > keep:  # the rejected drafts' slots (and any unused page)
+            self.kvm.give_back(r.slots[keep:])
+            r.slots = r.slots[:keep]  # a fresh buffer: views handed out stay as they were
+        if r.stats.first_token is None:
+            r.stats.first_token = now
+        self._send(r, new, text, reason)
 
     def _emit(self, r: Req, new: list[int], token: int) -> None:
         """r's new tokens (the last sampled: `token`) to its consumer; r ends if due."""
+        text = r.out.push(new)  # may find a stop string
+        self._send(r, new, text, self._finish_reason(r, token))
+
+    def _send(self, r: Req, new: list[int], text: str, reason: str | None) -> None:
+        """r's new tokens and their text to its consumer; r ends if `reason`."""
         r.stats.completion_tokens = len(r.output_ids)
         self.stats.num_generated_tokens += len(new)
-        text = r.out.push(new)  # may find a stop string
-        reason = self._finish_reason(r, token)
         if reason is not None:
             self.finish(r, reason, new, text)
         elif r.on_chunk is not None:
@@ -157,6 +196,18 @@ class ResultProcessing:
         if len(r.output_ids) >= sp.max_new_tokens or known >= self.cfg.max_context:
             return "length"
         return None
+
+
+def _add_logprobs(r: Req, arrays: tuple, row: int) -> None:
+    """The logprob (and top alternatives) of r's token sampled at `row`, if r asked."""
+    logprobs, top_ids, top_lps = arrays
+    if not r.sampling.logprobs or logprobs is None:
+        return
+    r.logprobs.append(float(logprobs[row]))
+    k = r.sampling.top_logprobs
+    if k and top_ids is not None:
+        r.top_logprobs.append([(int(t), float(lp)) for t, lp in
+                               zip(top_ids[row][:k], top_lps[row][:k], strict=True)])
 
 
 def _record_prompt_logprobs(batch: ScheduledBatch, prompt: tuple) -> None:

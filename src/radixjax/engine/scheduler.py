@@ -196,8 +196,11 @@ class Scheduler(BatchBuilding, ResultProcessing, Supervision):
     async def run_once(self) -> None:
         self._run_between()
         if self.in_flight is not None and (self.decode_may_retract()
+                                           or self.in_flight.batch.drafts is not None
                                            or waits_for_host(self.in_flight.batch.reqs)):
-            await self._drain()  # retraction, and grammar masks, need the tokens on the host
+            # retraction, grammar masks and drafts need the tokens on the host; after a
+            # verify step, what the requests accepted
+            await self._drain()
         batch = self.schedule()
         if batch is None:
             await self._drain()

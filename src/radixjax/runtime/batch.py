@@ -93,6 +93,8 @@ class RequestSlice(NamedTuple):
     count_sampled: bool = False  # the sampled token is a real output: count it
     sync_row: bool = True  # upload kv_slots as the device row first; False: the device
     # row already holds positions 0 .. kv_len-q_len-1 (the step writes the new ones)
+    num_samples: int = 1  # sample after each of the last num_samples new tokens (a
+    # verify step's k drafts and the token before them: k + 1; engine/speculative.py)
 
 
 class TokenSource(NamedTuple):
@@ -109,6 +111,11 @@ class TokenSource(NamedTuple):
     count_input: np.ndarray  # [T] bool, add this fed token to its request's counts
     reset_row: np.ndarray  # [B] bool
     count_sampled: np.ndarray  # [B] bool
+    # [B] int32, the packed token each sampling row samples after (its logits, and the
+    # position + 1 its key folds in); -1: row b samples after request b's last new token.
+    # A verify step samples after several tokens of a request: its rows are then sampling
+    # rows, not requests (build_batch: sample_rows)
+    sample_at: np.ndarray
 
 
 class PromptScores(NamedTuple):
@@ -223,6 +230,13 @@ def _alone(reqs: list[RequestSlice], cached: list[np.ndarray], rows: int) -> int
     return None
 
 
+def sample_rows(q_start: np.ndarray, q_len: np.ndarray, num_samples: list[int]) -> np.ndarray:
+    """[sum(num_samples)] int32: the packed tokens each request samples after, request by
+    request: its last num_samples new tokens."""
+    return np.concatenate([np.arange(q0 + q - s, q0 + q, dtype=np.int32) for q0, q, s in
+                           zip(q_start, q_len, num_samples, strict=False)])
+
+
 def build_batch(reqs: list[RequestSlice], buckets: Buckets,
                 prefix_memo: PrefixMemo | None = None) -> HostBatch:
     """Pack and pad. Request rows are 0 .. max_reqs-1; row max_reqs is the spare row that
@@ -241,7 +255,10 @@ def build_batch(reqs: list[RequestSlice], buckets: Buckets,
     rows = [r.row for r in reqs]
     if None in rows or len(set(rows)) != len(rows) or not all(0 <= r < spare_row for r in rows):
         raise ValueError(f"request rows must be distinct and in [0, {spare_row}): {rows}")
-    shape = buckets.shape_for(sum(q_lens), len(reqs))
+    num_samples = [r.num_samples for r in reqs]
+    if any(not 1 <= s <= q for s, q in zip(num_samples, q_lens, strict=True)):
+        raise ValueError(f"num_samples must be in [1, q_len]: {num_samples}, {q_lens}")
+    shape = buckets.shape_for(sum(q_lens), max(len(reqs), sum(num_samples)))
     t, b = shape.num_tokens, shape.num_reqs
 
     input_ids = np.zeros(t, np.int32)
@@ -257,6 +274,7 @@ def build_batch(reqs: list[RequestSlice], buckets: Buckets,
     count_input = np.zeros(t, bool)
     reset_row = np.zeros(b, bool)
     count_sampled = np.zeros(b, bool)
+    sample_at = np.full(b, -1, np.int32)
     syncs = []
     start = 0
     for i, (r, q, k) in enumerate(zip(reqs, q_lens, kv_lens, strict=True)):
@@ -276,10 +294,14 @@ def build_batch(reqs: list[RequestSlice], buckets: Buckets,
         count_sampled[i] = r.count_sampled
         start = end
     q_start[len(reqs) :] = start  # padded requests: empty range at the end
+    if any(s > 1 for s in num_samples):
+        sample_at[: sum(num_samples)] = sample_rows(q_start, q_len, num_samples)
+        count_sampled[:] = False  # rows are not requests: nothing is counted (no penalties)
     shared_len = np.zeros(b, np.int32)
     if b >= SHARED_PREFIX_MIN_BATCH:  # (smaller programs have no shared-prefix pass)
         shared_len[: len(reqs)] = shared_prefix_lens(reqs, shape.num_tokens, prefix_memo)
     md = AttentionMetadata(positions, out_slots, token_req, q_start, q_len, kv_len, req_row,
                            None, shared_len=shared_len)
-    src = TokenSource(use_last, token_row, req_row, count_input, reset_row, count_sampled)
+    src = TokenSource(use_last, token_row, req_row, count_input, reset_row, count_sampled,
+                      sample_at)
     return HostBatch(input_ids, md, shape, len(reqs), src, tuple(syncs))

@@ -54,7 +54,7 @@ def _idle(spare_row: int) -> HostBatch:
     z = np.zeros(0, np.int32)
     md = AttentionMetadata(z, z, z, z, z, z, z, None, shared_len=z)
     src = TokenSource(np.zeros(0, bool), z, z, np.zeros(0, bool), np.zeros(0, bool),
-                      np.zeros(0, bool))
+                      np.zeros(0, bool), z)
     return HostBatch(z, md, BatchShape(0, 0), 0, src)
 
 
@@ -81,6 +81,7 @@ def _pad_batch(h: HostBatch, tl: int, bl: int, spare: int, rank: int,
         count_input=_pad(src.count_input, tl, False),
         reset_row=_pad(src.reset_row, bl, False),
         count_sampled=_pad(src.count_sampled, bl, False),
+        sample_at=_pad(src.sample_at, bl, -1),  # (no verify steps with DP attention)
     )
     scores = None
     if h.scores is not None:

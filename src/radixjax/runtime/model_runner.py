@@ -170,7 +170,11 @@ def _step(
         backend=get_backend(backend, page_size, deterministic, cpu_decode), layout=layout,
         mla_absorb=mla_absorb,
     )  # [T, D]
-    logits = lm_head(params, hidden[last_token_rows(md)], cfg, layout)  # [B, V]
+    # the sampling rows: each request's last token, or a verify step's chosen tokens
+    at = jnp.where(src.sample_at >= 0, src.sample_at, last_token_rows(md))  # [B]
+    logits = lm_head(params, hidden[at], cfg, layout)  # [B, V]
+    # the position each sampled token takes (its key): plain rows md.kv_len
+    sample_pos = jnp.where(src.sample_at >= 0, md.positions[at] + 1, md.kv_len)
     prompt = lax.cond(
         flags.prompt_logprobs,
         lambda h: prompt_logprobs(params, h, scores.next_ids, scores.mask, cfg=cfg,
@@ -187,7 +191,7 @@ def _step(
     masked = lax.cond(flags.use_grammar, apply_token_bitmask, lambda lg, _: lg,
                       logits, token_mask)
     # Logprobs describe the model's distribution before the grammar mask (finite).
-    out = sample(masked, logits, sp, md.kv_len, flags.do_sample, flags.return_logprobs)
+    out = sample(masked, logits, sp, sample_pos, flags.do_sample, flags.return_logprobs)
     counts = count_sampled(counts, out.tokens, src)
     return (StepOutput(out, prompt), kv, table, last_tokens.at[src.req_row].set(out.tokens),
             counts)
@@ -462,5 +466,6 @@ def _padding_batch(shape: BatchShape, spare_row: int) -> HostBatch:
         shared_len=z(b),
     )
     src = TokenSource(np.zeros(t, bool), np.full(t, spare_row, np.int32), rows,
-                      np.zeros(t, bool), np.zeros(b, bool), np.zeros(b, bool))
+                      np.zeros(t, bool), np.zeros(b, bool), np.zeros(b, bool),
+                      np.full(b, -1, np.int32))
     return HostBatch(z(t), md, shape, 0, src)

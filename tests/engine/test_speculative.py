@@ -1,0 +1,133 @@
+"""Speculative decoding (engine/speculative.py) is lossless: with drafts from the radix
+tree and the request's own n-grams, greedy and seeded outputs (and their logprobs) are
+the tokens plain decoding gives, concurrent or alone, through retraction, pages, a tight
+pool, stop tokens and lengths; drafts rejected midway give their KV back at once. The
+tiny model's heads are ones the CPU attention handler computes (as SmolLM2's), so a
+verify step's tokens get a decode's bits."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from radixjax import Engine, SamplingParams
+from radixjax.engine import speculative
+from radixjax.engine.drafts import NgramIndex
+from radixjax.engine.speculative import DraftState, num_accepted
+from radixjax.loaders import load_model
+from tests.tiny_models import FAST_COMPILE
+
+BASE = dict(num_slots=2048, max_running=8, max_context=128, max_prefill_tokens=64,
+            chunk_size=64, xla_options=FAST_COMPILE)
+GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True, logprobs=True)
+SEEDED = SamplingParams(max_new_tokens=24, temperature=1.0, top_p=0.9, seed=11,
+                        ignore_eos=True, logprobs=True, top_logprobs=2)
+SPEC = dict(speculative_algorithm="ngram", speculative_num_draft_tokens=6)
+
+PATHS = {
+    "default": {},
+    "overlap_off": dict(enable_overlap=False),
+    "retract_every_3": dict(retract_every=3),
+    "page_16": dict(page_size=16, warmup=False),
+    "tight_kv": dict(num_slots=160, warmup=False),
+}
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    m = load_model(tiny_model_dir("llama_h64"), load_tokenizer=False)
+    rng = np.random.default_rng(3)
+    prompts = [list(map(int, rng.integers(3, 200, n))) for n in (5, 30, 17, 9)]
+    span = list(map(int, rng.integers(3, 200, 10)))
+    prompts += [span * 3, [7, 8] + span * 2]  # copy-heavy: their own n-grams draft
+    kw = dict(BASE, params=m.params, model_config=m.cfg)
+    with Engine(**kw) as e:
+        ref = {sp.temperature: e.generate(prompts, sp) for sp in (GREEDY, SEEDED)}
+    return prompts, kw, ref
+
+
+def outputs(outs) -> list:
+    return [(o.token_ids, o.logprobs, o.top_logprobs, o.finish_reason) for o in outs]
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_outputs_equal_plain_decoding(tiny, path: str) -> None:
+    prompts, kw, ref = tiny
+    with Engine(**dict(kw, **SPEC, **PATHS[path])) as e:
+        for sp in (GREEDY, SEEDED):
+            together = e.generate(prompts, sp)  # (the second pass drafts from the tree)
+            alone = [e.generate(p, sp) for p in prompts]
+            assert outputs(together) == outputs(ref[sp.temperature])
+            assert outputs(alone) == outputs(ref[sp.temperature])
+        e.check_integrity()
+        stats = e.stats()
+    assert stats["num_verify_reqs"] > 0 and stats["num_accepted_tokens"] > 0
+    assert stats["num_late_compiles"] == 0
+    if path in ("retract_every_3", "tight_kv"):
+        assert stats["num_retractions"] > 0
+
+
+def test_drafts_rejected_midway_end_as_plain_decoding(tiny, monkeypatch) -> None:
+    """A drafter that knows the answer but gets one token wrong at a random place:
+    verify steps accept part of their drafts, give the rest of their KV back, and
+    requests end on their stop token or length exactly where plain decoding ends."""
+    prompts, kw, ref = tiny
+    greedy = ref[0.0]
+    answers = {tuple(p): o.token_ids for p, o in zip(prompts, greedy, strict=True)}
+    rng = np.random.default_rng(0)
+
+    def oracle(index: NgramIndex, k: int, tree=None, namespace=None):
+        seq = index.tokens
+        for prompt, answer in answers.items():
+            n = len(prompt)
+            if tuple(seq[:n]) == prompt:
+                drafts = list(answer[len(seq) - n:][:k])
+                if drafts and rng.random() < 0.7:
+                    drafts[rng.integers(len(drafts))] = 1  # never a greedy token here
+                return drafts, "oracle"
+        return [], ""
+
+    monkeypatch.setattr(speculative, "propose_draft", oracle)
+    stop_at = greedy[1].token_ids[7]  # a token some outputs reach midway
+    cases = [replace(GREEDY, max_new_tokens=n) for n in (3, 11, 24)]
+    cases.append(replace(GREEDY, stop_token_ids=(stop_at,)))
+    with Engine(**dict(kw, **SPEC)) as e:
+        for sp in cases:
+            with Engine(**kw) as plain:  # (shares the compiled programs)
+                want = plain.generate(prompts, sp)
+            assert outputs(e.generate(prompts, sp)) == outputs(want)
+            e.check_integrity()
+        stats = e.stats()
+    partial = stats["num_accepted_tokens"] / stats["num_draft_tokens"]
+    assert 0.1 < partial < 0.95, stats  # both accepted and rejected drafts
+
+
+def test_penalized_requests_decode_plainly_beside_drafting_ones(tiny) -> None:
+    prompts, kw, ref = tiny
+    penalized = replace(GREEDY, frequency_penalty=0.5)
+    with Engine(**kw) as plain:
+        want = plain.generate(prompts[-2:], penalized)
+    with Engine(**dict(kw, **SPEC)) as e:
+        assert outputs(e.generate(prompts[-2:], penalized)) == outputs(want)
+        assert e.stats()["num_verify_reqs"] == 0  # nobody drafts beside a penalty
+        e.check_integrity()
+
+
+def test_draft_length_follows_acceptance() -> None:
+    state = DraftState(NgramIndex())
+    k0 = state.choose_k(8)
+    assert 1 <= k0 < 8
+    for _ in range(6):
+        state.observe(k0, k0)  # every draft accepted: longer drafts pay
+    assert state.choose_k(8) == 8
+    for _ in range(4):
+        state.observe(4, 0)  # every first draft rejected: stop drafting
+    assert state.choose_k(8) == 0
+    for _ in range(60):
+        state.idle()  # steps without drafts: back to the prior's length
+    assert state.choose_k(8) == k0
+    assert num_accepted([5, 6, 7], [5, 6, 9, 2]) == 2
+    assert num_accepted([5, 6], [5, 6, 1]) == 2
+    assert num_accepted([5], [4, 0]) == 0
