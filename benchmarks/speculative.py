@@ -2,7 +2,7 @@
 ours with and without it and llama-server on the same SmolLM2 GGUF; outputs identical
 with and without it; throughput at 8 and 16 streams.
 
-    .venv/bin/python benchmarks/speculative.py [--quick] [--no-peer] [--max-batch N]
+    .venv/bin/python benchmarks/speculative.py [--quick] [--no-peer]
 
 Workloads (chat, greedy, max_tokens 128, 4 requests each, one at a time):
   document     quote / extract from a section of the Python reference in the prompt
@@ -19,7 +19,7 @@ untimed, then its radix cache flushed (ours).
 
 Identity: 64 prompts greedy at 1 and at 16 concurrent streams, and seeded (temperature
 1, a seed per prompt) at 16 streams: each text with speculation equal to without.
-Throughput: all workloads' prompts at 8 and 16 concurrent streams, output tok/s.
+Throughput: all workloads' prompts twice at 4, 8 and 16 concurrent streams, output tok/s.
 """
 
 from __future__ import annotations
@@ -71,9 +71,14 @@ def workloads(n: int) -> dict[str, list[list[dict]]]:
     }
 
 
+@cache
+def model_id(url: str) -> str:
+    return httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
+
+
 def stream(url: str, messages: list[dict], **extra) -> tuple[str, int, float, float]:
     """(text, completion tokens, first token time, end time) of one streamed chat."""
-    body = dict(model="m", messages=messages, max_tokens=MAX_TOKENS, temperature=0.0,
+    body = dict(model=model_id(url), messages=messages, max_tokens=MAX_TOKENS, temperature=0.0,
                 stream=True, stream_options={"include_usage": True}, **extra)
     text, tokens, first = [], 0, None
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
@@ -113,7 +118,7 @@ def completions(url: str, prompts: list[str], streams: int,
     """Texts of /v1/completions (greedy, or temperature 1 with a seed per prompt) at
     `streams` concurrent requests; the wall time and completion tokens."""
     def one(i: int) -> tuple[str, int]:
-        body = dict(model="m", prompt=prompts[i], max_tokens=MAX_TOKENS,
+        body = dict(model=model_id(url), prompt=prompts[i], max_tokens=MAX_TOKENS,
                     temperature=1.0 if seeded else 0.0, **({"seed": i} if seeded else {}))
         r = httpx.post(url + "/v1/completions", json=body, timeout=900).json()
         return r["choices"][0]["text"], r["usage"]["completion_tokens"]
@@ -133,15 +138,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="2 requests per workload")
     ap.add_argument("--no-peer", action="store_true", help="without llama-server")
-    ap.add_argument("--max-batch", type=int, default=None,
-                    help="--speculative-max-batch of the speculative server")
     ap.add_argument("--out", default="/tmp/radixjax-speculative")
     args = ap.parse_args()
     work = workloads(2 if args.quick else 4)
     base = server_specs(parallel=16)
     spec_flags = ["--speculative-algorithm", "ngram"]
-    if args.max_batch is not None:
-        spec_flags += ["--speculative-max-batch", str(args.max_batch)]
     ours = base["ours"]
     specs = {"ours": ours,
              "ours+spec": ServerSpec("ours+spec", (*ours.command[:-2], "--port", "30120",
@@ -173,7 +174,7 @@ def main() -> None:
         identity = check_identity(specs, work)
         mix = all_prompts(work) * 2
         throughput = {s: {name: completions(specs[name].url, mix, s)
-                          for name in ("ours", "ours+spec")} for s in (8, 16)}
+                          for name in ("ours", "ours+spec")} for s in (4, 8, 16)}
     finally:
         for s in servers.values():
             s.stop()
@@ -199,7 +200,7 @@ def identity_prompts(work: dict) -> list[str]:
     convs = [c for convs in workloads(4).values() for c in convs]
     convs += [user(q) for q in GREEDY_PROMPTS]
     convs += [user(q + " Answer in two sentences.") for q in GREEDY_PROMPTS]
-    convs += [user(q + " Repeat the question first.") for q in GREEDY_PROMPTS[:8]]
+    convs += [user(q + " Repeat the question first.") for q in GREEDY_PROMPTS]
     return all_prompts({"all": convs})[:64]
 
 

@@ -106,15 +106,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="ngram: drafts from the radix tree (cached continuations of the "
                         "same context) and the request's own n-grams, verified in one "
                         "step; outputs are plain decoding's, token for token")
-    g.add_argument("--speculative-num-draft-tokens", type=int, default=8,
+    g.add_argument("--speculative-num-draft-tokens", type=int, default=15,
                    help="the most drafts a request verifies per step (fewer as its "
                         "acceptance says)")
     g.add_argument("--speculative-ngram-min-match-window-size", type=int, default=2,
                    help="shortest n-gram matched against the request's own tokens")
     g.add_argument("--speculative-ngram-max-match-window-size", type=int, default=4,
                    help="longest n-gram matched against the request's own tokens")
-    g.add_argument("--speculative-max-batch", type=int, default=4,
-                   help="no drafts in decode steps of more requests than this")
     g = p.add_argument_group("tool calls and reasoning (docs/server.md)")
     g.add_argument("--tool-call-parser", choices=sorted(FORMATS), default=None,
                    help="how the model writes tool calls; default: read off its chat "
@@ -229,7 +227,6 @@ def main(argv: list[str] | None = None) -> int:
         speculative_num_draft_tokens=args.speculative_num_draft_tokens,
         speculative_ngram_min_match_window_size=args.speculative_ngram_min_match_window_size,
         speculative_ngram_max_match_window_size=args.speculative_ngram_max_match_window_size,
-        speculative_max_batch=args.speculative_max_batch,
         **({"kv_handoff": partial(make_side, options=pd_options(args))}
            if args.disaggregation_mode != "null" else {}),
         warmup=not args.no_warmup,  # every step program, before /health answers

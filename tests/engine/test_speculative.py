@@ -15,7 +15,7 @@ import pytest
 from radixjax import Engine, SamplingParams
 from radixjax.engine import speculative
 from radixjax.engine.drafts import NgramIndex
-from radixjax.engine.speculative import DraftState, num_accepted
+from radixjax.engine.speculative import DraftState, StepCosts, num_accepted, plan
 from radixjax.loaders import load_model
 from tests.tiny_models import FAST_COMPILE
 
@@ -115,19 +115,34 @@ def test_penalized_requests_decode_plainly_beside_drafting_ones(tiny) -> None:
         e.check_integrity()
 
 
-def test_draft_length_follows_acceptance() -> None:
+COSTS = StepCosts.default((1, 2, 4, 8, 16, 32))
+
+
+def test_the_plan_drafts_where_acceptance_pays_for_the_larger_step() -> None:
+    assert plan([0.95], [8], COSTS, 32) == [7]  # the 8-token bucket, not 16 for the 8th
+    assert plan([0.95], [3], COSTS, 32) == [3]  # as many as proposed
+    assert plan([0.1], [8], COSTS, 32) == [0]  # unlikely drafts do not pay
+    assert plan([0.6, 0.0, 0.0], [1, 0, 0], COSTS, 32) == [1, 0, 0]  # a free row of the bucket
+    assert plan([0.95] * 2, [8, 8], COSTS, 4) == [1, 1]  # max_rows: the batch's rows
+    assert plan([0.6] * 8, [4] * 8, COSTS, 32) == [0] * 8  # a large batch: cost > gain
+    assert plan([0.99] * 8, [4] * 8, COSTS, 32)[0] > 0  # unless drafts are near certain
+    assert plan([0.9, 0.2], [6, 6], COSTS, 32) == [6, 0]  # the likely request's drafts
+    measured = StepCosts.relative({1: 0.010, 2: 0.009, 4: 0.016})
+    assert measured.by_tokens == {1: 1.0, 2: 1.0, 4: 1.6}  # never cheaper when larger
+
+
+def test_acceptance_estimate_follows_outcomes() -> None:
     state = DraftState(NgramIndex())
-    k0 = state.choose_k(8)
-    assert 1 <= k0 < 8
-    for _ in range(6):
-        state.observe(k0, k0)  # every draft accepted: longer drafts pay
-    assert state.choose_k(8) == 8
+    start = state.alpha
+    state.observe(4, 4)  # every draft accepted
+    assert state.alpha > start
     for _ in range(4):
-        state.observe(4, 0)  # every first draft rejected: stop drafting
-    assert state.choose_k(8) == 0
+        state.observe(4, 0)  # every first draft rejected
+    assert state.alpha < 0.3 and plan([state.alpha], [8], COSTS, 32) == [0]
     for _ in range(60):
-        state.idle()  # steps without drafts: back to the prior's length
-    assert state.choose_k(8) == k0
+        state.idle()  # steps without drafts: back toward the prior
+    assert abs(state.alpha - start) < 0.05
+    assert (state.num_verify_steps, state.num_drafted, state.num_accepted) == (5, 20, 4)
     assert num_accepted([5, 6, 7], [5, 6, 9, 2]) == 2
     assert num_accepted([5, 6], [5, 6, 1]) == 2
     assert num_accepted([5], [4, 0]) == 0

@@ -31,7 +31,7 @@ from radixjax.engine.config import EngineConfig
 from radixjax.engine.constrained import build_token_mask
 from radixjax.engine.policy import SchedulePolicy, match_tokens
 from radixjax.engine.request import Req, ReqState
-from radixjax.engine.speculative import draft_for, eligible
+from radixjax.engine.speculative import StepCosts, eligible, plan, proposal
 from radixjax.engine.stats import EngineStats
 from radixjax.engine.waiting_queue import WaitingQueue
 from radixjax.runtime.batch import HostBatch, PrefixMemo, PromptScores, RequestSlice, build_batch
@@ -83,6 +83,7 @@ class BatchBuilding:
     waiting: WaitingQueue
     running: list[Req]
     _num_decode_steps: int
+    step_costs: StepCosts
 
     finish: Callable[..., None]  # Scheduler.finish
 
@@ -197,30 +198,30 @@ class BatchBuilding:
         return self._build(decodes, num_new, is_prefill=False, drafts=drafts)
 
     def _plan_drafts(self, decodes: list[Req]) -> list[list[int]] | None:
-        """Each request's drafts for this decode step (engine/speculative.py), with KV
-        slots for them; None when no request drafts (a plain decode step)."""
+        """Each request's drafts for this decode step (engine/speculative.py: proposals,
+        then the plan), with KV slots for them; None when no request drafts."""
         cfg = self.cfg
-        if len(decodes) > cfg.speculative_max_batch or any(
-                r.sampling.has_penalties for r in decodes):
+        if any(r.sampling.has_penalties for r in decodes):
             return None
-        room = cfg.max_running - len(decodes)  # sampling rows past one per request
-        out = []
         tree = self.kvm.tree if cfg.enable_cache else None
-        for r in decodes:
-            drafts: list[int] = []
-            if room > 0 and r.num_pending == 0 and eligible(r):
-                max_k = min(cfg.speculative_num_draft_tokens, room, r.remaining_tokens - 1,
-                            cfg.max_context - r.seq_len - 1)
-                drafts = draft_for(r, cfg, max_k, tree)
-                need = self.kvm.round_up(r.num_computed + 1 + len(drafts)) - r.slots.size
-                if need > 0:
-                    if need > self.kvm.available_size():
-                        drafts = []  # no room: never evict or retract for drafts
-                    else:
-                        r.append_slots(self.kvm.alloc(need))
-                room -= len(drafts)
-            out.append(drafts)
-        return out if any(out) else None
+        proposals = [
+            proposal(r, cfg, min(cfg.speculative_num_draft_tokens, r.remaining_tokens - 1,
+                                 cfg.max_context - r.seq_len - 1), tree)
+            if r.num_pending == 0 and eligible(r) else [] for r in decodes]
+        if not any(proposals):
+            return None
+        ks = plan([r.draft.alpha if p else 0.0 for r, p in zip(decodes, proposals, strict=True)],
+                  [len(p) for p in proposals], self.step_costs, cfg.max_running)
+        drafts = []
+        for r, p, k in zip(decodes, proposals, ks, strict=True):
+            need = self.kvm.round_up(r.num_computed + 1 + k) - r.slots.size
+            if need > 0:
+                if need > self.kvm.available_size():
+                    k = 0  # no room: never evict or retract for drafts
+                else:
+                    r.append_slots(self.kvm.alloc(need))
+            drafts.append(p[:k])
+        return drafts if any(drafts) else None
 
     def decode_may_retract(self) -> bool:
         """Whether the next decode step could retract (short of KV, or the test hook):

@@ -75,13 +75,10 @@ class EngineConfig:
     speculative_algorithm: str | None = None
     # the most drafts a request verifies per step (a step's drafts also stay within
     # max_running - its requests: each is a sampling row of the batch)
-    speculative_num_draft_tokens: int = 8
+    speculative_num_draft_tokens: int = 15
     # n-gram lengths matched against the request's tokens (SGLang's match window sizes)
     speculative_ngram_min_match_window_size: int = 2
     speculative_ngram_max_match_window_size: int = 4
-    # no drafts in a decode step of more requests than this (measured, benchmarks/
-    # speculative.py: past it verify steps cost more than accepted drafts save)
-    speculative_max_batch: int = 4
 
     @property
     def max_step_tokens(self) -> int:
@@ -137,7 +134,6 @@ class EngineConfig:
         check(1 <= self.speculative_ngram_min_match_window_size
               <= self.speculative_ngram_max_match_window_size,
               "need 1 <= speculative n-gram min window <= max window")
-        check(self.speculative_max_batch >= 1, "speculative_max_batch must be >= 1")
 
 
 class ServingForm(NamedTuple):

@@ -24,6 +24,7 @@ from radixjax.engine.inputs import Prompt, batch_inputs, final_output
 from radixjax.engine.output import GenerateOutput, StreamChunk
 from radixjax.engine.request import Req
 from radixjax.engine.scheduler import Scheduler
+from radixjax.engine.speculative import StepCosts
 from radixjax.grammar.backend import GrammarBackend, GrammarError
 from radixjax.loaders import load_model
 from radixjax.model.config import ModelConfig
@@ -150,6 +151,10 @@ class Engine:
         self.scheduler: Scheduler | DPAttentionScheduler = (
             DPAttentionScheduler(dp_ranks, self.runner, self.config, eos, self.tokenizer)
             if dp_ranks > 1 else Scheduler(self.runner, self.config, eos, self.tokenizer))
+        if self.config.speculative_algorithm and warmup and not self.dist.is_multihost:
+            # what a step of each bucket costs here: where drafts pay (engine/speculative.py)
+            self.scheduler.step_costs = StepCosts.relative(
+                self.runner.time_buckets(self.config.max_running))
         self._grammar: GrammarBackend | None = None  # built on the first constrained request
         self._grammar_lock = threading.Lock()
         self._ids = itertools.count()

@@ -21,7 +21,7 @@ from radixjax.engine.batch_builder import ScheduledBatch
 from radixjax.engine.config import EngineConfig
 from radixjax.engine.constrained import jump_forward
 from radixjax.engine.request import Req, ReqState
-from radixjax.engine.speculative import drafts_likely, eligible, num_accepted
+from radixjax.engine.speculative import StepCosts, drafts_likely, eligible, num_accepted
 from radixjax.engine.stats import EngineStats
 from radixjax.runtime.model_runner import StepOptions, StepOutput
 
@@ -54,6 +54,7 @@ class ResultProcessing:
     eos_token_ids: tuple[int, ...]
 
     running: list[Req]
+    step_costs: StepCosts
 
     finish: Callable[..., None]  # Scheduler.finish
 
@@ -98,10 +99,9 @@ class ResultProcessing:
                 r.stats.first_token = now
             self._emit(r, new, token)
             if self.cfg.speculative_algorithm and r.state is ReqState.RUNNING:
-                r.wants_drafts = (len(self.running) <= self.cfg.speculative_max_batch
-                                  and eligible(r) and drafts_likely(
-                                      r, self.cfg, self.kvm.tree if self.cfg.enable_cache
-                                      else None))
+                r.wants_drafts = eligible(r) and drafts_likely(
+                    r, self.cfg, self.kvm.tree if self.cfg.enable_cache else None,
+                    self.step_costs, len(self.running))
 
     def _verified(self, r: Req, draft: list[int], sample: tuple, first: int,
                   now: float) -> None:

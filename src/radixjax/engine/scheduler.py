@@ -36,6 +36,7 @@ from radixjax.engine.output import RequestOutput
 from radixjax.engine.policy import SchedulePolicy
 from radixjax.engine.request import Req, ReqState
 from radixjax.engine.result_processor import InFlight, ResultProcessing
+from radixjax.engine.speculative import StepCosts
 from radixjax.engine.stats import EngineStats
 from radixjax.engine.supervision import Supervision, dispatch
 from radixjax.engine.waiting_queue import WaitingQueue
@@ -67,6 +68,8 @@ class Scheduler(BatchBuilding, ResultProcessing, Supervision):
         self.num_failures = 0  # steps that raised
         self.last_error: str | None = None
         self._fault_pending = False  # test hook: the next step raises (inject_fault)
+        # speculative decoding's cost of a step per token bucket (Engine times them)
+        self.step_costs = StepCosts.default(runner.buckets.tokens)
 
     def _fresh_accounting(self) -> None:
         """Empty KV accounting: the pool's allocator and radix tree, the table rows."""

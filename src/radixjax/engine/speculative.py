@@ -1,24 +1,29 @@
 """Speculative decoding's host side (issue 43, docs/speculative.md): which decoding
 requests draft in the next step and how many tokens, and what a verify step accepts.
 
-    plan:    a decode step of at most cfg.speculative_max_batch requests, none with
-             penalties: each eligible request (no grammar, its last token on the host)
-             gets up to k drafts (engine/drafts.py: the radix tree, then its own n-grams),
-             k chosen by its recent acceptance (DraftState.choose_k)
+    plan:    in a decode step with no penalized request, each eligible request (no
+             grammar, its last token on the host) proposes drafts (engine/drafts.py: the
+             radix tree, then its own n-grams); `plan` keeps the drafts that maximise the
+             expected tokens per second of the step, from each request's acceptance
+             estimate and what a step of each token bucket costs on this machine
+             (StepCosts, timed after warm-up): more drafts where they are likely
+             accepted and the larger step is cheap, none in a large batch
     verify:  the request runs as an extend of [x, d1..dk] that samples after each of its
              k + 1 tokens (t0..tk, with the keys plain decoding uses at those positions,
              sampling/sampler.py), so t_i is the token plain decoding would put after
              x, d1..di. Drafts are accepted while d_{i+1} == t_i; the first t_a after
-             them is the bonus token. The output is plain decoding's, token for token,
+             them is the bonus token: the output is plain decoding's, token for token,
              greedy or sampled (the drafts are deterministic proposals, so sampling the
              target and comparing is the rejection-sampling rule with a one-hot q).
 
-Host side only: the step programs are the decode buckets that exist (a verify step's
-tokens are one more extend), with a runtime `sample_at` row per sampled token.
+Host side only: the step programs are the buckets that exist (a verify step's tokens are
+one more extend), with a runtime `sample_at` row per sampled token.
 """
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from radixjax.cache.radix_cache import RadixCache
@@ -26,23 +31,51 @@ from radixjax.engine.config import EngineConfig
 from radixjax.engine.drafts import NgramIndex, propose_draft
 from radixjax.engine.request import Req
 
-# The cost of a verify step of k drafts, in decode steps of one stream: 1 + the lost
-# overlap (the step is processed before the next is scheduled) + per draft token.
-# benchmarks/verify_step.py (SmolLM2, default form, context 512): k = 1 0.99-1.38,
-# k = 3 1.46-1.58, k = 7 2.02-2.44 decode steps.
-VERIFY_BASE_COST = 1.1
-VERIFY_TOKEN_COST = 0.17
 PRIOR_ACCEPT = 0.6  # a new request's assumed chance that a draft token is accepted
 ACCEPT_EMA = 0.25  # weight of each observed draft token in the running estimate
-MIN_GAIN = 1.1  # draft only where the model expects this many times plain decoding
 RECOVER = 0.05  # per step without drafts, the estimate moves back toward the prior
+# A verify step's cost beyond its bucket's, in decode steps of the smallest bucket: it
+# is processed before the next step is scheduled (no overlap) and its tokens pass the
+# output stage one by one (SmolLM2 one stream: ~1 ms of a ~9 ms step)
+VERIFY_OVERHEAD = 0.12
+MIN_GAIN = 1.05  # drafts only where the plan expects this many times plain decoding
+
+# Seconds per step of each token bucket relative to the 1-token bucket, where they were
+# not timed (a multi-host engine, no warm-up): SmolLM2 w8a16 + bf16 KV at context 512 on
+# this project's 2-core CPU (benchmarks/verify_step.py: 1 stream T = 1..16, 8 streams
+# T = 8..64; larger buckets extrapolated linearly)
+DEFAULT_COSTS = {1: 1.0, 2: 1.1, 4: 1.55, 8: 2.0, 16: 3.4, 32: 4.5, 64: 8.3}
 
 
-def expected_gain(alpha: float, k: int) -> float:
-    """Tokens per decode step's cost of a verify step of k drafts, each accepted with
-    probability alpha given the one before it was: (1 + a + .. + a^k) / cost(k)."""
-    tokens = sum(alpha ** i for i in range(k + 1))
-    return tokens / (VERIFY_BASE_COST + VERIFY_TOKEN_COST * k)
+@dataclass(frozen=True)
+class StepCosts:
+    """Relative seconds per step of each token bucket (the smallest is 1.0)."""
+
+    by_tokens: dict[int, float]
+
+    @staticmethod
+    def relative(seconds: dict[int, float]) -> StepCosts:
+        """From seconds per bucket, made non-decreasing (a larger step never costs less:
+        timing noise must not make drafts look free)."""
+        out, floor = {}, 0.0
+        base = seconds[min(seconds)]
+        for t in sorted(seconds):
+            floor = max(floor, seconds[t] / base)
+            out[t] = floor
+        return StepCosts(out)
+
+    @staticmethod
+    def default(buckets: Sequence[int]) -> StepCosts:
+        known = sorted(DEFAULT_COSTS)
+        per_token = DEFAULT_COSTS[known[-1]] / known[-1]
+        return StepCosts({t: DEFAULT_COSTS.get(t, per_token * t) for t in buckets})
+
+    def bucket(self, num_tokens: int) -> int | None:
+        """The token bucket a step of num_tokens runs in (None: past the largest)."""
+        return next((t for t in sorted(self.by_tokens) if t >= num_tokens), None)
+
+    def of(self, num_tokens: int) -> float:
+        return self.by_tokens[self.bucket(num_tokens)]
 
 
 @dataclass
@@ -55,17 +88,7 @@ class DraftState:
     num_drafted: int = 0
     num_accepted: int = 0
     last_source: str = ""
-    history: list[int] = field(default_factory=list)  # accepted per verify step (tests)
-
-    def choose_k(self, max_k: int) -> int:
-        """The draft length with the best expected gain, 0 if none beats plain decoding
-        by MIN_GAIN (the cost model's error)."""
-        best_k, best = 0, MIN_GAIN
-        for k in range(1, max_k + 1):
-            gain = expected_gain(self.alpha, k)
-            if gain > best:
-                best_k, best = k, gain
-        return best_k
+    history: list[int] = field(default_factory=list)  # accepted per verify step
 
     def observe(self, num_drafts: int, num_accepted: int) -> None:
         """After a verify step: the accepted drafts were hits, the first rejected a miss."""
@@ -80,6 +103,39 @@ class DraftState:
     def idle(self) -> None:
         """A step without drafts: the estimate drifts back toward the prior."""
         self.alpha += RECOVER * (PRIOR_ACCEPT - self.alpha)
+
+
+def plan(alphas: Sequence[float], lengths: Sequence[int], costs: StepCosts,
+         max_rows: int) -> list[int]:
+    """How many of its proposed drafts (lengths[i]) each of a decode step's requests
+    verifies: the allocation with the most expected tokens per cost. For each token
+    bucket past the plain step's, its spare tokens go to the drafts most likely accepted
+    (request i's (k + 1)-th draft: alpha_i^(k + 1), all of its first k accepted); the
+    bucket whose expected tokens / (cost + VERIFY_OVERHEAD) is best wins, if it beats the
+    plain step by MIN_GAIN. max_rows: the step's sampling rows (requests + drafts)."""
+    b = len(alphas)
+    plain = b / costs.of(b)
+    best, best_ks = plain * MIN_GAIN, [0] * b
+    ks, gain = [0] * b, 0.0
+    heap = [(-a, i) for i, (a, n) in enumerate(zip(alphas, lengths, strict=True)) if n > 0]
+    heapq.heapify(heap)
+    used = b
+    for t in sorted(costs.by_tokens):
+        if t < costs.bucket(b) or t > max_rows:
+            continue
+        while used < t and heap:  # fill the bucket with the likeliest next drafts
+            neg, i = heapq.heappop(heap)
+            ks[i] += 1
+            gain -= neg
+            used += 1
+            if ks[i] < lengths[i]:
+                heapq.heappush(heap, (neg * alphas[i], i))
+        value = (b + gain) / (costs.by_tokens[t] + VERIFY_OVERHEAD)
+        if value > best:
+            best, best_ks = value, list(ks)
+        if not heap:
+            break
+    return best_ks
 
 
 def eligible(req: Req) -> bool:
@@ -99,25 +155,24 @@ def state_of(req: Req, cfg: EngineConfig) -> DraftState:
     return req.draft
 
 
-def draft_for(req: Req, cfg: EngineConfig, max_k: int,
-              tree: RadixCache | None) -> list[int]:
-    """Up to max_k drafts after req's tokens (all on the host), fewer or none as its
-    acceptance says."""
+def proposal(req: Req, cfg: EngineConfig, max_k: int, tree: RadixCache | None) -> list[int]:
+    """Up to max_k drafts after req's tokens (all on the host)."""
     state = state_of(req, cfg)
-    k = state.choose_k(max_k)
-    drafts, state.last_source = propose_draft(state.index, k, tree, req.namespace)
-    if not drafts:
-        state.idle()
+    drafts, state.last_source = propose_draft(state.index, max_k, tree, req.namespace)
     return drafts
 
 
-def drafts_likely(req: Req, cfg: EngineConfig, tree: RadixCache | None) -> bool:
-    """Whether req would draft after the tokens on the host now (no state changes but
-    the index catching up): then its next token is worth waiting for."""
+def drafts_likely(req: Req, cfg: EngineConfig, tree: RadixCache | None, costs: StepCosts,
+                  num_decoding: int) -> bool:
+    """Whether req would draft after the tokens on the host now (its proposal, and the
+    plan of a step of num_decoding requests like it): then its next token is worth
+    waiting for. Counts as a step without drafts for its acceptance estimate."""
     state = state_of(req, cfg)
-    if not state.choose_k(cfg.speculative_num_draft_tokens):
-        return False
-    return bool(propose_draft(state.index, 1, tree, req.namespace)[0])
+    state.idle()
+    drafts = propose_draft(state.index, cfg.speculative_num_draft_tokens, tree,
+                           req.namespace)[0]
+    return bool(drafts) and any(plan([state.alpha] * num_decoding,
+                                     [len(drafts)] * num_decoding, costs, cfg.max_running))
 
 
 def num_accepted(drafts: list[int], sampled: list[int]) -> int:

@@ -7,6 +7,7 @@ any layout)."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache, partial
@@ -35,7 +36,15 @@ from radixjax.model.params import Params
 from radixjax.model.quant import quantize_params
 from radixjax.parallel.rules import Layout
 from radixjax.parallel.shard_params import kv_sharding, shard_params, sharded_config
-from radixjax.runtime.batch import DUMMY_SLOT, Buckets, HostBatch, PromptScores, TokenSource
+from radixjax.runtime.batch import (
+    DUMMY_SLOT,
+    Buckets,
+    HostBatch,
+    PromptScores,
+    RequestSlice,
+    TokenSource,
+    build_batch,
+)
 from radixjax.runtime.host_memory import release_free_memory
 from radixjax.runtime.packed_inputs import Packing, pack, unpack
 from radixjax.runtime.penalties import (
@@ -435,6 +444,26 @@ class ModelRunner:
         out, self.kv, self.req_to_token, self.last_tokens, self.token_counts = program(*args)
         return out
 
+    def time_buckets(self, max_tokens: int, context: int = 256,
+                     repeats: int = 5) -> dict[int, float]:
+        """Median seconds of a step of each warm token bucket up to max_tokens, one
+        request over `context` keys (speculative decoding's cost table,
+        engine/speculative.py StepCosts)."""
+        out = {}
+        sp = None
+        for t in (t for t in self.buckets.tokens if t <= max_tokens):
+            batch = _timing_batch(t, min(context, self.config.max_context - t),
+                                  self.buckets)
+            sp = SamplingArrays.build([], [], batch.shape.num_reqs)
+            seconds = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                self.step(batch, sp, StepOptions()).tokens.block_until_ready()
+                seconds.append(time.perf_counter() - start)
+                batch = batch._replace(row_syncs=())
+            out[t] = float(np.median(seconds))
+        return out
+
     def all_logits(self, batch: HostBatch) -> np.ndarray:
         """[real tokens, V] logits of every new token (tests and prompt logprobs)."""
         self._sync_rows(batch)
@@ -454,6 +483,14 @@ class ModelRunner:
             row_syncs=((spare, np.zeros(1, np.int32)),)))
         release_free_memory()  # the compiles' temporaries (~0.8 GB for SmolLM2)
         log.info("%d step programs ready", self.num_programs)
+
+
+def _timing_batch(num_tokens: int, context: int, buckets: Buckets) -> HostBatch:
+    """One request of num_tokens new tokens after `context` others, every slot the
+    dummy (row 0 of req_to_token: requests upload their rows when admitted)."""
+    return build_batch([RequestSlice(np.zeros(num_tokens, np.int32),
+                                     np.zeros(context + num_tokens, np.int32), row=0)],
+                       buckets)
 
 
 def _padding_batch(shape: BatchShape, spare_row: int) -> HostBatch:
