@@ -11,12 +11,17 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from scipy.stats import chisquare
 
 from radixjax import Engine, SamplingParams
 from radixjax.engine import speculative
 from radixjax.engine.drafts import NgramIndex
 from radixjax.engine.speculative import DraftState, StepCosts, num_accepted, plan
 from radixjax.loaders import load_model
+from radixjax.runtime.batch import RequestSlice, build_batch
+from radixjax.runtime.model_runner import StepOptions
+from radixjax.sampling.params import SamplingArrays
+from tests.model.harness import tiny_runner
 from tests.tiny_models import FAST_COMPILE
 
 BASE = dict(num_slots=2048, max_running=8, max_context=128, max_prefill_tokens=64,
@@ -146,3 +151,44 @@ def test_acceptance_estimate_follows_outcomes() -> None:
     assert num_accepted([5, 6, 7], [5, 6, 9, 2]) == 2
     assert num_accepted([5, 6], [5, 6, 1]) == 2
     assert num_accepted([5], [4, 0]) == 0
+
+
+def test_verify_rows_sample_the_models_distribution(tiny_model_dir) -> None:
+    """Chi-square: a verify step's row after a draft draws from the model's distribution
+    at that draft (the target p), so accepting d while t == d and taking t otherwise is
+    the rejection-sampling rule with a one-hot q (the output's distribution is p)."""
+    m = load_model(tiny_model_dir("llama_h64"), load_tokenizer=False)
+    runner = tiny_runner(m.cfg, m.params, num_slots=1024, max_running=32)
+    seq = np.array([5, 17, 42, 99, 7, 7], np.int32)  # a prompt, x, then drafts d1 d2
+    n, reqs, rows = len(seq), 8, 3
+    logits = runner.all_logits(build_batch(
+        [RequestSlice(seq, np.arange(1, n + 1, dtype=np.int32))], runner.buckets))
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)  # [n, V]
+    counts = np.zeros((rows, m.cfg.vocab_size))
+    for step in range(200):
+        batch = build_batch([RequestSlice(seq, 1 + i * n + np.arange(n, dtype=np.int32),
+                                          row=i, num_samples=rows) for i in range(reqs)],
+                            runner.buckets)
+        sp = SamplingArrays.build([SamplingParams(temperature=1.0)] * (reqs * rows),
+                                  [step * reqs + i // rows for i in range(reqs * rows)],
+                                  batch.shape.num_reqs)
+        tokens = np.asarray(runner.step(batch, sp, StepOptions(do_sample=True)).tokens)
+        for i in range(reqs * rows):
+            counts[i % rows, tokens[i]] += 1
+    for r in range(rows):  # after x, after d1, after d2
+        assert chi_square_p(counts[r], probs[n - rows + r]) > 1e-3
+    assert np.abs(probs[n - 3] - probs[n - 2]).sum() > 0.3  # rows differ: the test can
+    assert chi_square_p(counts[1], probs[n - 3]) < 1e-6  # tell a row from its neighbour
+
+
+def chi_square_p(observed: np.ndarray, p: np.ndarray) -> float:
+    """p-value of observed counts under probabilities p (bins expected >= 5, the rest
+    pooled into one)."""
+    expected = p.astype(np.float64) / p.sum() * observed.sum()
+    big = expected >= 5
+    obs = np.append(observed[big], observed[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    if exp[-1] < 5:  # too little pooled mass for a bin of its own
+        obs, exp = obs[:-1], exp[:-1] * obs[:-1].sum() / exp[:-1].sum()
+    return float(chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)

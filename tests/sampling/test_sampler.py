@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from radixjax.sampling.params import SamplingArrays, SamplingParams, SamplingParamsError
-from radixjax.sampling.sampler import DRAW_BLOCK, _draw, _first_past, sample
+from radixjax.sampling.sampler import DRAW_BLOCK, _draw, _first_past, argmax, sample
 
 VOCAB = 50
 ROWS = 4000
@@ -181,3 +181,13 @@ def test_the_two_level_draw_follows_a_large_vocabulary() -> None:
     assert int(_first_past(jnp.cumsum(mass), jnp.float32(1.0), mass)) == 2
     assert int(_first_past(jnp.cumsum(mass), jnp.float32(0.0), mass)) == 0
     assert int(_first_past(jnp.cumsum(mass), jnp.float32(0.5), mass)) == 2
+
+
+def test_two_level_argmax_is_the_first_largest() -> None:
+    rng = np.random.default_rng(5)
+    for vocab in (256, 1000, 49152):
+        x = rng.standard_normal((8, vocab)).astype(np.float32)
+        x[1, [7, 700 % vocab, vocab - 1]] = 9.0  # a tie: the first index wins
+        x[2, :] = -np.inf  # a row masked out entirely
+        x[3, vocab - 1] = 50.0  # in the last (padded) block
+        assert argmax(jnp.asarray(x)).tolist() == np.argmax(x, axis=1).tolist()
