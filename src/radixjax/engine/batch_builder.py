@@ -83,7 +83,7 @@ class BatchBuilding:
     waiting: WaitingQueue
     running: list[Req]
     _num_decode_steps: int
-    step_costs: StepCosts
+    step_costs: StepCosts | None
 
     finish: Callable[..., None]  # Scheduler.finish
 

@@ -54,7 +54,7 @@ class ResultProcessing:
     eos_token_ids: tuple[int, ...]
 
     running: list[Req]
-    step_costs: StepCosts
+    step_costs: StepCosts | None
 
     finish: Callable[..., None]  # Scheduler.finish
 

@@ -69,7 +69,8 @@ class Scheduler(BatchBuilding, ResultProcessing, Supervision):
         self.last_error: str | None = None
         self._fault_pending = False  # test hook: the next step raises (inject_fault)
         # speculative decoding's cost of a step per token bucket (Engine times them)
-        self.step_costs = StepCosts.default(runner.buckets.tokens)
+        self.step_costs: StepCosts | None = (StepCosts.default(runner.buckets.tokens)
+                                             if cfg.speculative_algorithm else None)
 
     def _fresh_accounting(self) -> None:
         """Empty KV accounting: the pool's allocator and radix tree, the table rows."""
