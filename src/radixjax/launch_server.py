@@ -104,8 +104,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g = p.add_argument_group("speculative decoding (docs/speculative.md)")
     g.add_argument("--speculative-algorithm", choices=SPECULATIVE_ALGORITHMS, default=None,
                    help="ngram: drafts from the radix tree (cached continuations of the "
-                        "same context) and the request's own n-grams, verified in one "
-                        "step; outputs are plain decoding's, token for token")
+                        "same context) and the request's own n-grams; standalone: from "
+                        "a draft model; verified in one step, outputs are plain "
+                        "decoding's, token for token")
+    g.add_argument("--speculative-draft-model-path", default=None,
+                   help="standalone: the draft model (HF folder or GGUF) sharing the "
+                        "target's tokenizer")
     g.add_argument("--speculative-num-draft-tokens", type=int, default=15,
                    help="the most drafts a request verifies per step (fewer as its "
                         "acceptance says)")
@@ -224,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.random_seed, disaggregation_mode=args.disaggregation_mode,
         disaggregation_timeout=args.disaggregation_timeout,
         speculative_algorithm=args.speculative_algorithm,
+        speculative_draft_model_path=args.speculative_draft_model_path,
         speculative_num_draft_tokens=args.speculative_num_draft_tokens,
         speculative_ngram_min_match_window_size=args.speculative_ngram_min_match_window_size,
         speculative_ngram_max_match_window_size=args.speculative_ngram_max_match_window_size,

@@ -7,6 +7,7 @@ verify step's tokens get a decode's bits."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 
 import numpy as np
@@ -15,6 +16,7 @@ from scipy.stats import chisquare
 
 from radixjax import Engine, SamplingParams
 from radixjax.engine import speculative
+from radixjax.engine.config import EngineConfigError
 from radixjax.engine.drafts import NgramIndex
 from radixjax.engine.speculative import DraftState, StepCosts, num_accepted, plan
 from radixjax.loaders import load_model
@@ -132,6 +134,11 @@ def test_the_plan_drafts_where_acceptance_pays_for_the_larger_step() -> None:
     assert plan([0.6] * 8, [4] * 8, COSTS, 32) == [0] * 8  # a large batch: cost > gain
     assert plan([0.99] * 8, [4] * 8, COSTS, 32)[0] > 0  # unless drafts are near certain
     assert plan([0.9, 0.2], [6, 6], COSTS, 32) == [6, 0]  # the likely request's drafts
+    as_large = StepCosts(COSTS.by_tokens, {t: 1.0 for t in COSTS.by_tokens})
+    assert plan([0.95], [8], as_large, 32) == [0]  # a draft model as costly as the target
+    small = StepCosts(COSTS.by_tokens, {t: 0.1 for t in COSTS.by_tokens})
+    assert plan([0.7], [8], COSTS, 32) == [3]  # drafts that cost nothing to propose
+    assert plan([0.7], [8], small, 32) == [1]  # each draft model round costs: fewer
     measured = StepCosts.relative({1: 0.010, 2: 0.009, 4: 0.016})
     assert measured.by_tokens == {1: 1.0, 2: 1.0, 4: 1.6}  # never cheaper when larger
 
@@ -192,3 +199,38 @@ def chi_square_p(observed: np.ndarray, p: np.ndarray) -> float:
     if exp[-1] < 5:  # too little pooled mass for a bin of its own
         obs, exp = obs[:-1], exp[:-1] * obs[:-1].sum() / exp[:-1].sum()
     return float(chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
+
+
+@pytest.mark.parametrize("draft", ["itself", "another model"])
+def test_a_draft_model_keeps_plain_decodings_outputs(tiny, tiny_model_dir, draft) -> None:
+    """speculative_algorithm "standalone": a draft model's greedy proposals, verified the
+    same way (a draft model as large as its target never pays: here its cost is set to
+    nothing, so that the plan drafts). The target as its own draft accepts every greedy
+    draft (its KV, mirrored at the same slots, is the target's); another model's mostly
+    fail; both keep the outputs plain decoding's."""
+    prompts, kw, ref = tiny
+    dm = load_model(tiny_model_dir("llama_h64" if draft == "itself" else "llama"),
+                    load_tokenizer=False)
+    with Engine(**kw, speculative_algorithm="standalone", speculative_num_draft_tokens=4,
+                draft_params=dm.params, draft_model_config=dm.cfg) as e:
+        costs = e.scheduler.step_costs  # as if the draft were free: the plan drafts
+        e.scheduler.step_costs = StepCosts(costs.by_tokens, {t: 0.0 for t in costs.draft})
+        assert outputs(e.generate(prompts, GREEDY)) == outputs(ref[0.0])
+        stats = e.stats()
+        assert stats["num_draft_tokens"] > 0
+        if draft == "itself":
+            assert stats["num_accepted_tokens"] == stats["num_draft_tokens"]
+        assert outputs([e.generate(p, SEEDED) for p in prompts]) == outputs(ref[1.0])
+        e.check_integrity()
+        assert e.stats()["num_late_compiles"] == 0
+
+
+def test_a_draft_model_must_share_the_vocabulary(tiny, tiny_model_dir) -> None:
+    _, kw, _ = tiny
+    other = load_model(tiny_model_dir("qwen3"), load_tokenizer=False)
+    bad = dataclasses.replace(other.cfg, vocab_size=other.cfg.vocab_size + 1)
+    with pytest.raises(EngineConfigError, match="vocabulary"):
+        Engine(**kw, speculative_algorithm="standalone", draft_params=other.params,
+               draft_model_config=bad, warmup=False)
+    with pytest.raises(EngineConfigError, match="draft model"):
+        Engine(**kw, speculative_algorithm="standalone", warmup=False)

@@ -29,9 +29,10 @@ from radixjax.cache.manager import KVCacheManager
 from radixjax.cache.req_to_token import ReqToTokenPool
 from radixjax.engine.config import EngineConfig
 from radixjax.engine.constrained import build_token_mask
+from radixjax.engine.draft_model import DraftModel
 from radixjax.engine.policy import SchedulePolicy, match_tokens
 from radixjax.engine.request import Req, ReqState
-from radixjax.engine.speculative import StepCosts, eligible, plan, proposal
+from radixjax.engine.speculative import StepCosts, eligible, plan, proposal, state_of
 from radixjax.engine.stats import EngineStats
 from radixjax.engine.waiting_queue import WaitingQueue
 from radixjax.runtime.batch import HostBatch, PrefixMemo, PromptScores, RequestSlice, build_batch
@@ -84,6 +85,7 @@ class BatchBuilding:
     running: list[Req]
     _num_decode_steps: int
     step_costs: StepCosts | None
+    drafter: DraftModel | None
 
     finish: Callable[..., None]  # Scheduler.finish
 
@@ -199,29 +201,42 @@ class BatchBuilding:
 
     def _plan_drafts(self, decodes: list[Req]) -> list[list[int]] | None:
         """Each request's drafts for this decode step (engine/speculative.py: proposals,
-        then the plan), with KV slots for them; None when no request drafts."""
+        then the plan; or the draft model's), with KV slots for them; None when no
+        request drafts."""
         cfg = self.cfg
         if any(r.sampling.has_penalties for r in decodes):
             return None
-        tree = self.kvm.tree if cfg.enable_cache else None
-        proposals = [
-            proposal(r, cfg, min(cfg.speculative_num_draft_tokens, r.remaining_tokens - 1,
-                                 cfg.max_context - r.seq_len - 1), tree)
-            if r.num_pending == 0 and eligible(r) else [] for r in decodes]
-        if not any(proposals):
+        max_ks = [min(cfg.speculative_num_draft_tokens, r.remaining_tokens - 1,
+                      cfg.max_context - r.seq_len - 1)
+                  if r.num_pending == 0 and eligible(r) else 0 for r in decodes]
+        if self.drafter is None:
+            tree = self.kvm.tree if cfg.enable_cache else None
+            proposals = [proposal(r, cfg, k, tree) if k > 0 else []
+                         for r, k in zip(decodes, max_ks, strict=True)]
+            lengths = [len(p) for p in proposals]
+        else:
+            lengths = [max(k, 0) for k in max_ks]
+        if not any(lengths):
             return None
-        ks = plan([r.draft.alpha if p else 0.0 for r, p in zip(decodes, proposals, strict=True)],
-                  [len(p) for p in proposals], self.step_costs, cfg.max_running)
-        drafts = []
-        for r, p, k in zip(decodes, proposals, ks, strict=True):
-            need = self.kvm.round_up(r.num_computed + 1 + k) - r.slots.size
-            if need > 0:
-                if need > self.kvm.available_size():
-                    k = 0  # no room: never evict or retract for drafts
-                else:
-                    r.append_slots(self.kvm.alloc(need))
-            drafts.append(p[:k])
-        return drafts if any(drafts) else None
+        alphas = [state_of(r, cfg).alpha if n else 0.0
+                  for r, n in zip(decodes, lengths, strict=True)]
+        ks = plan(alphas, lengths, self.step_costs, cfg.max_running)
+        ks = [self._draft_slots(r, k) for r, k in zip(decodes, ks, strict=True)]
+        if not any(ks):
+            return None
+        if self.drafter is not None:
+            proposals = self.drafter.propose(decodes, ks)
+        return [p[:k] for p, k in zip(proposals, ks, strict=True)]
+
+    def _draft_slots(self, r: Req, k: int) -> int:
+        """KV slots for r's k drafts; the drafts it can have (0: no room, never evict or
+        retract for drafts)."""
+        need = self.kvm.round_up(r.num_computed + 1 + k) - r.slots.size
+        if k and need > 0:
+            if need > self.kvm.available_size():
+                return 0
+            r.append_slots(self.kvm.alloc(need))
+        return k
 
     def decode_may_retract(self) -> bool:
         """Whether the next decode step could retract (short of KV, or the test hook):

@@ -10,7 +10,9 @@ from radixjax.model.forms import ATTENTION_BACKENDS, MOE_DISPATCH, QUANTIZATIONS
 POLICIES = ("lpm", "dfs-weight", "fcfs")
 DISAGGREGATION_MODES = ("null", "prefill", "decode")  # SGLang's names
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")  # SGLang's --kv-cache-dtype
-SPECULATIVE_ALGORITHMS = ("ngram",)  # SGLang's --speculative-algorithm (ours: no model)
+# SGLang's --speculative-algorithm: "ngram" (no model: the radix tree and the request's
+# own n-grams), "standalone" (a small draft model sharing the tokenizer)
+SPECULATIVE_ALGORITHMS = ("ngram", "standalone")
 
 
 class EngineConfigError(ValueError):
@@ -71,8 +73,11 @@ class EngineConfig:
     # (RunnerConfig.xla_options); (): XLA's defaults
     xla_options: tuple[tuple[str, Any], ...] = ()
     # Speculative decoding (engine/speculative.py, docs/speculative.md), SGLang's names:
-    # "ngram": drafts from the radix tree and the request's own tokens; None: off
+    # "ngram": drafts from the radix tree and the request's own tokens; "standalone":
+    # from a draft model (speculative_draft_model_path, or Engine(draft_params=...));
+    # None: off
     speculative_algorithm: str | None = None
+    speculative_draft_model_path: str | None = None
     # the most drafts a request verifies per step (a step's drafts also stay within
     # max_running - its requests: each is a sampling row of the batch)
     speculative_num_draft_tokens: int = 15

@@ -18,6 +18,7 @@ import jax
 
 from radixjax.engine.config import EngineConfig, EngineConfigError, serving_form
 from radixjax.engine.dp_attention import DPAttentionScheduler
+from radixjax.engine.draft_model import DraftModel
 from radixjax.engine.errors import EngineError, RequestError
 from radixjax.engine.handoff import KVHandoff, MakeHandoff
 from radixjax.engine.inputs import Prompt, batch_inputs, final_output
@@ -90,6 +91,8 @@ class Engine:
                  warmup: bool = True, background: bool = True, dp: int = 1,
                  devices: Sequence[jax.Device] | None = None,
                  dist: DistConfig | None = None, kv_handoff: MakeHandoff | None = None,
+                 draft_params: Params | None = None,
+                 draft_model_config: ModelConfig | None = None,
                  **engine_options: Any) -> None:
         """warmup=True compiles (or loads from the persistent cache) every step program
         now, with a progress bar, so no request ever waits for a compile; False compiles
@@ -101,7 +104,9 @@ class Engine:
         multi-host cluster (jax.distributed, initialized first): rank 0 serves, every
         other rank calls `follow()` (parallel/multihost.py). kv_handoff: builds this
         engine's side of prefill-decode disaggregation (engine/handoff.py; the server
-        passes disagg.sides.make_side), needed with a disaggregation_mode."""
+        passes disagg.sides.make_side), needed with a disaggregation_mode.
+        draft_params + draft_model_config: speculative_algorithm "standalone"'s draft
+        model in memory (else speculative_draft_model_path is loaded)."""
         if dp != 1:
             raise ValueError("dp > 1 is a DataParallelEngine: construct Engine(dp=...)")
         self.dist = dist or DistConfig()
@@ -151,10 +156,15 @@ class Engine:
         self.scheduler: Scheduler | DPAttentionScheduler = (
             DPAttentionScheduler(dp_ranks, self.runner, self.config, eos, self.tokenizer)
             if dp_ranks > 1 else Scheduler(self.runner, self.config, eos, self.tokenizer))
+        if self.config.speculative_algorithm == "standalone":
+            self.scheduler.drafter = self._draft_model(draft_params, draft_model_config,
+                                                       device, warmup)
         if self.config.speculative_algorithm and warmup and not self.dist.is_multihost:
             # what a step of each bucket costs here: where drafts pay (engine/speculative.py)
+            drafter = self.scheduler.drafter
             self.scheduler.step_costs = StepCosts.relative(
-                self.runner.time_buckets(self.config.max_running))
+                self.runner.time_buckets(self.config.max_running),
+                drafter.runner.time_buckets(self.config.max_running) if drafter else None)
         self._grammar: GrammarBackend | None = None  # built on the first constrained request
         self._grammar_lock = threading.Lock()
         self._ids = itertools.count()
@@ -420,6 +430,30 @@ class Engine:
                 self._loop.call_soon_threadsafe(self.scheduler.abort, req)
 
     # -- introspection ----------------------------------------------------------------------
+
+    def _draft_model(self, params: Params | None, cfg: ModelConfig | None,
+                     device: jax.Device | None, warmup: bool) -> DraftModel:
+        """The draft model's runner, on the target's runner config (slots, rows, buckets;
+        engine/draft_model.py)."""
+        if self.dist.is_multihost or self.layout is not None:
+            raise EngineConfigError("a draft model runs on one device, one host (tp = 1)")
+        if params is None:
+            path = self.config.speculative_draft_model_path
+            if path is None:
+                raise EngineConfigError("speculative_algorithm standalone needs a draft "
+                                        "model: speculative_draft_model_path")
+            loaded = load_model(path, dtype=self.config.dtype, load_tokenizer=False)
+            params, cfg = loaded.params, loaded.cfg
+        if cfg is None:
+            raise EngineConfigError("draft_params need draft_model_config")
+        if cfg.vocab_size != self.model_config.vocab_size:
+            raise EngineConfigError(f"the draft model's vocabulary ({cfg.vocab_size}) is "
+                                    f"not the target's ({self.model_config.vocab_size})")
+        runner = ModelRunner(cfg, params, runner_config_for(self.config, 1, cfg.mla is not None),
+                             None, device)
+        if warmup:
+            runner.warmup()
+        return DraftModel(runner)
 
     def stats(self) -> dict[str, float]:
         def snap() -> dict[str, float]:

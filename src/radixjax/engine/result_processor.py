@@ -20,6 +20,7 @@ from radixjax.cache.manager import KVCacheManager
 from radixjax.engine.batch_builder import ScheduledBatch
 from radixjax.engine.config import EngineConfig
 from radixjax.engine.constrained import jump_forward
+from radixjax.engine.draft_model import DraftModel
 from radixjax.engine.request import Req, ReqState
 from radixjax.engine.speculative import StepCosts, drafts_likely, eligible, num_accepted
 from radixjax.engine.stats import EngineStats
@@ -55,6 +56,7 @@ class ResultProcessing:
 
     running: list[Req]
     step_costs: StepCosts | None
+    drafter: DraftModel | None
 
     finish: Callable[..., None]  # Scheduler.finish
 
@@ -101,7 +103,7 @@ class ResultProcessing:
             if self.cfg.speculative_algorithm and r.state is ReqState.RUNNING:
                 r.wants_drafts = eligible(r) and drafts_likely(
                     r, self.cfg, self.kvm.tree if self.cfg.enable_cache else None,
-                    self.step_costs, len(self.running))
+                    self.step_costs, len(self.running), self.drafter is not None)
 
     def _verified(self, r: Req, draft: list[int], sample: tuple, first: int,
                   now: float) -> None:

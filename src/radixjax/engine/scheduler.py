@@ -31,6 +31,7 @@ from radixjax.cache.req_to_token import ReqToTokenPool
 from radixjax.engine.batch_builder import BatchBuilding
 from radixjax.engine.config import EngineConfig
 from radixjax.engine.constrained import waits_for_host
+from radixjax.engine.draft_model import DraftModel
 from radixjax.engine.errors import EngineError, RequestError
 from radixjax.engine.output import RequestOutput
 from radixjax.engine.policy import SchedulePolicy
@@ -71,6 +72,7 @@ class Scheduler(BatchBuilding, ResultProcessing, Supervision):
         # speculative decoding's cost of a step per token bucket (Engine times them)
         self.step_costs: StepCosts | None = (StepCosts.default(runner.buckets.tokens)
                                              if cfg.speculative_algorithm else None)
+        self.drafter: DraftModel | None = None  # speculative "standalone": Engine sets it
 
     def _fresh_accounting(self) -> None:
         """Empty KV accounting: the pool's allocator and radix tree, the table rows."""
@@ -217,8 +219,12 @@ class Scheduler(BatchBuilding, ResultProcessing, Supervision):
         if self._fault_pending:
             self._fault_pending = False
             raise RuntimeError("injected fault (test hook)")
+        if self.drafter is not None:
+            self.drafter.before(self.runner)
         out = await dispatch(self.runner, batch.host, batch.sampling(), batch.opts,
                              batch.token_mask)
+        if self.drafter is not None:
+            self.drafter.mirror(batch.host)  # the draft model's KV, at the same slots
         self.stats.on_step(batch.is_prefill, sum(batch.num_new))
         previous, self.in_flight = self.in_flight, InFlight(batch, out)
         if previous is not None:

@@ -52,17 +52,25 @@ class StepCosts:
     """Relative seconds per step of each token bucket (the smallest is 1.0)."""
 
     by_tokens: dict[int, float]
+    # a draft model's decode step per token bucket, in the same units ({}: no model)
+    draft: dict[int, float] = field(default_factory=dict)
 
     @staticmethod
-    def relative(seconds: dict[int, float]) -> StepCosts:
-        """From seconds per bucket, made non-decreasing (a larger step never costs less:
-        timing noise must not make drafts look free)."""
-        out, floor = {}, 0.0
+    def relative(seconds: dict[int, float],
+                 draft_seconds: dict[int, float] | None = None) -> StepCosts:
+        """From seconds per bucket (and a draft model's), made non-decreasing (a larger
+        step never costs less: timing noise must not make drafts look free), in units
+        of the target's smallest step."""
         base = seconds[min(seconds)]
-        for t in sorted(seconds):
-            floor = max(floor, seconds[t] / base)
-            out[t] = floor
-        return StepCosts(out)
+
+        def scaled(secs: dict[int, float]) -> dict[int, float]:
+            out, floor = {}, 0.0
+            for t in sorted(secs):
+                floor = max(floor, secs[t] / base)
+                out[t] = floor
+            return out
+
+        return StepCosts(scaled(seconds), scaled(draft_seconds) if draft_seconds else {})
 
     @staticmethod
     def default(buckets: Sequence[int]) -> StepCosts:
@@ -76,6 +84,10 @@ class StepCosts:
 
     def of(self, num_tokens: int) -> float:
         return self.by_tokens[self.bucket(num_tokens)]
+
+    def draft_of(self, num_reqs: int) -> float:
+        """A draft model's decode step of num_reqs requests (0: no draft model)."""
+        return self.draft[self.bucket(num_reqs)] if self.draft else 0.0
 
 
 @dataclass
@@ -108,33 +120,28 @@ class DraftState:
 def plan(alphas: Sequence[float], lengths: Sequence[int], costs: StepCosts,
          max_rows: int) -> list[int]:
     """How many of its proposed drafts (lengths[i]) each of a decode step's requests
-    verifies: the allocation with the most expected tokens per cost. For each token
-    bucket past the plain step's, its spare tokens go to the drafts most likely accepted
-    (request i's (k + 1)-th draft: alpha_i^(k + 1), all of its first k accepted); the
-    bucket whose expected tokens / (cost + VERIFY_OVERHEAD) is best wins, if it beats the
-    plain step by MIN_GAIN. max_rows: the step's sampling rows (requests + drafts)."""
+    verifies: the allocation with the most expected tokens per cost. Drafts are added
+    likeliest first (request i's (k + 1)-th is accepted with alpha_i^(k + 1), all of its
+    first k accepted); after each, the step's expected tokens over its cost (its token
+    bucket's, the verify overhead, and a draft model's decode step per token of the
+    longest draft) is compared with the best so far; the best wins if it beats the plain
+    step by MIN_GAIN. max_rows: the step's sampling rows (requests + drafts)."""
     b = len(alphas)
-    plain = b / costs.of(b)
-    best, best_ks = plain * MIN_GAIN, [0] * b
-    ks, gain = [0] * b, 0.0
+    round_cost = costs.draft_of(b)
+    best, best_ks = b / costs.of(b) * MIN_GAIN, [0] * b
+    ks, gain, used = [0] * b, 0.0, b
     heap = [(-a, i) for i, (a, n) in enumerate(zip(alphas, lengths, strict=True)) if n > 0]
     heapq.heapify(heap)
-    used = b
-    for t in sorted(costs.by_tokens):
-        if t < costs.bucket(b) or t > max_rows:
-            continue
-        while used < t and heap:  # fill the bucket with the likeliest next drafts
-            neg, i = heapq.heappop(heap)
-            ks[i] += 1
-            gain -= neg
-            used += 1
-            if ks[i] < lengths[i]:
-                heapq.heappush(heap, (neg * alphas[i], i))
-        value = (b + gain) / (costs.by_tokens[t] + VERIFY_OVERHEAD)
+    while heap and used < max_rows and costs.bucket(used + 1) is not None:
+        neg, i = heapq.heappop(heap)
+        ks[i] += 1
+        gain -= neg
+        used += 1
+        if ks[i] < lengths[i]:
+            heapq.heappush(heap, (neg * alphas[i], i))
+        value = (b + gain) / (costs.of(used) + VERIFY_OVERHEAD + round_cost * max(ks))
         if value > best:
             best, best_ks = value, list(ks)
-        if not heap:
-            break
     return best_ks
 
 
@@ -163,16 +170,18 @@ def proposal(req: Req, cfg: EngineConfig, max_k: int, tree: RadixCache | None) -
 
 
 def drafts_likely(req: Req, cfg: EngineConfig, tree: RadixCache | None, costs: StepCosts,
-                  num_decoding: int) -> bool:
-    """Whether req would draft after the tokens on the host now (its proposal, and the
-    plan of a step of num_decoding requests like it): then its next token is worth
-    waiting for. Counts as a step without drafts for its acceptance estimate."""
+                  num_decoding: int, has_model: bool) -> bool:
+    """Whether req would draft after the tokens on the host now (its proposal, or a
+    draft model's full length, and the plan of a step of num_decoding requests like it):
+    then its next token is worth waiting for. Counts as a step without drafts for its
+    acceptance estimate."""
     state = state_of(req, cfg)
     state.idle()
-    drafts = propose_draft(state.index, cfg.speculative_num_draft_tokens, tree,
-                           req.namespace)[0]
-    return bool(drafts) and any(plan([state.alpha] * num_decoding,
-                                     [len(drafts)] * num_decoding, costs, cfg.max_running))
+    length = cfg.speculative_num_draft_tokens
+    if not has_model:
+        length = len(propose_draft(state.index, length, tree, req.namespace)[0])
+    return length > 0 and any(plan([state.alpha] * num_decoding, [length] * num_decoding,
+                                   costs, cfg.max_running))
 
 
 def num_accepted(drafts: list[int], sampled: list[int]) -> int:

@@ -30,6 +30,7 @@ class Supervision:
     """The Scheduler's supervision (engine/scheduler.py holds the state it reads)."""
 
     runner: ModelRunner
+    drafter: Any  # engine/draft_model.DraftModel | None
     waiting: WaitingQueue
     running: list[Req]
     in_flight: Any  # result_processor.InFlight | None
@@ -110,6 +111,8 @@ class Supervision:
         self._fresh_accounting()
         if self.lost is None:  # (a lost cluster's devices are not touched again)
             self.runner.reset_state()
+            if self.drafter is not None:
+                self.drafter.runner.reset_state()
         self.check_integrity()
         self.healthy = self.lost is None
 
