@@ -52,7 +52,7 @@ def tiny(tiny_model_dir):
     kw = dict(BASE, params=m.params, model_config=m.cfg)
     with Engine(**kw) as e:
         ref = {sp.temperature: e.generate(prompts, sp) for sp in (GREEDY, SEEDED)}
-    return prompts, kw, ref
+    return prompts, kw, ref, m
 
 
 def outputs(outs) -> list:
@@ -61,7 +61,7 @@ def outputs(outs) -> list:
 
 @pytest.mark.parametrize("path", sorted(PATHS))
 def test_outputs_equal_plain_decoding(tiny, path: str) -> None:
-    prompts, kw, ref = tiny
+    prompts, kw, ref, _ = tiny
     with Engine(**dict(kw, **SPEC, **PATHS[path])) as e:
         for sp in (GREEDY, SEEDED):
             together = e.generate(prompts, sp)  # (the second pass drafts from the tree)
@@ -80,7 +80,7 @@ def test_drafts_rejected_midway_end_as_plain_decoding(tiny, monkeypatch) -> None
     """A drafter that knows the answer but gets one token wrong at a random place:
     verify steps accept part of their drafts, give the rest of their KV back, and
     requests end on their stop token or length exactly where plain decoding ends."""
-    prompts, kw, ref = tiny
+    prompts, kw, ref, _ = tiny
     greedy = ref[0.0]
     answers = {tuple(p): o.token_ids for p, o in zip(prompts, greedy, strict=True)}
     rng = np.random.default_rng(0)
@@ -112,7 +112,7 @@ def test_drafts_rejected_midway_end_as_plain_decoding(tiny, monkeypatch) -> None
 
 
 def test_penalized_requests_decode_plainly_beside_drafting_ones(tiny) -> None:
-    prompts, kw, ref = tiny
+    prompts, kw, ref, _ = tiny
     penalized = replace(GREEDY, frequency_penalty=0.5)
     with Engine(**kw) as plain:
         want = plain.generate(prompts[-2:], penalized)
@@ -208,11 +208,13 @@ def test_a_draft_model_keeps_plain_decodings_outputs(tiny, tiny_model_dir, draft
     nothing, so that the plan drafts). The target as its own draft accepts every greedy
     draft (its KV, mirrored at the same slots, is the target's); another model's mostly
     fail; both keep the outputs plain decoding's."""
-    prompts, kw, ref = tiny
-    dm = load_model(tiny_model_dir("llama_h64" if draft == "itself" else "llama"),
-                    load_tokenizer=False)
+    prompts, kw, ref, _ = tiny
+    # the target in memory; another model from its folder (speculative_draft_model_path)
+    given = (dict(draft_params=tiny[3].params, draft_model_config=tiny[3].cfg)
+             if draft == "itself" else
+             dict(speculative_draft_model_path=str(tiny_model_dir("llama"))))
     with Engine(**kw, speculative_algorithm="standalone", speculative_num_draft_tokens=4,
-                draft_params=dm.params, draft_model_config=dm.cfg) as e:
+                **given) as e:
         costs = e.scheduler.step_costs  # as if the draft were free: the plan drafts
         e.scheduler.step_costs = StepCosts(costs.by_tokens, {t: 0.0 for t in costs.draft})
         assert outputs(e.generate(prompts, GREEDY)) == outputs(ref[0.0])
@@ -226,7 +228,7 @@ def test_a_draft_model_keeps_plain_decodings_outputs(tiny, tiny_model_dir, draft
 
 
 def test_a_draft_model_must_share_the_vocabulary(tiny, tiny_model_dir) -> None:
-    _, kw, _ = tiny
+    _, kw, _, _ = tiny
     other = load_model(tiny_model_dir("qwen3"), load_tokenizer=False)
     bad = dataclasses.replace(other.cfg, vocab_size=other.cfg.vocab_size + 1)
     with pytest.raises(EngineConfigError, match="vocabulary"):
