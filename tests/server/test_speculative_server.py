@@ -1,6 +1,6 @@
 """--speculative-algorithm ngram through the real server with the openai client: mixed
 sampling options at OpenAI's defaults (temperature 1, seeded), greedy, top_p, logprobs,
-stop strings, streamed and not, concurrent, a regenerated prompt (drafts from the radix
+stop strings, a regex, a frequency penalty, streamed and not, concurrent, a regenerated prompt (drafts from the radix
 tree) and a client that disconnects mid-stream. Each text is the one plain decoding
 gives (an in-process engine without speculation on the same model and form); drafts were
 verified and accepted; no late compile, no KV held at the end."""
@@ -36,6 +36,10 @@ OPTIONS = [
     (dict(seed=2, top_p=0.8), dict(seed=2, top_p=0.8)),
     (dict(seed=3, logprobs=2), dict(seed=3, logprobs=True, top_logprobs=2)),
     (dict(temperature=0, stop=["c", "t s"]), dict(temperature=0.0, stop=("c", "t s"))),
+    # a grammar's rows and a penalty beside drafting requests (neither drafts itself)
+    (dict(temperature=0, extra_body={"regex": "[a-c ]+"}), dict(temperature=0.0,
+                                                              regex="[a-c ]+")),
+    (dict(seed=4, frequency_penalty=0.5), dict(seed=4, frequency_penalty=0.5)),
 ]
 MAX_TOKENS = 40
 
