@@ -1,9 +1,10 @@
 """--speculative-algorithm ngram through the real server with the openai client: mixed
 sampling options at OpenAI's defaults (temperature 1, seeded), greedy, top_p, logprobs,
-stop strings, a regex, a frequency penalty, streamed and not, concurrent, a regenerated prompt (drafts from the radix
-tree) and a client that disconnects mid-stream. Each text is the one plain decoding
-gives (an in-process engine without speculation on the same model and form); drafts were
-verified and accepted; no late compile, no KV held at the end."""
+stop strings, a regex, a frequency penalty, streamed and not, concurrent, a regenerated
+prompt (drafts from the radix tree) and a client that disconnects mid-stream. Each text
+is the one plain decoding gives (an in-process engine without speculation on the same
+model and form); drafts were verified and accepted; no late compile, no KV held at the
+end."""
 
 from __future__ import annotations
 
