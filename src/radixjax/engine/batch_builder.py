@@ -19,6 +19,7 @@ shared-prefix group's common length is remembered while the group stays (PrefixM
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -56,19 +57,27 @@ class ScheduledBatch:
     @property
     def num_samples(self) -> list[int]:
         """Sampling rows of each request (1, or 1 + its drafts in a verify step)."""
-        if self.drafts is None:
-            return [1] * len(self.reqs)
-        return [1 + len(d) for d in self.drafts]
+        return rows_per_request(self.drafts, len(self.reqs))
 
     @property
     def first_rows(self) -> list[int]:
         """Each request's first sampling row (its rows follow one another)."""
-        return np.concatenate([[0], np.cumsum(self.num_samples)[:-1]]).astype(int).tolist()
+        return first_rows(self.num_samples)
 
     def sampling(self) -> SamplingArrays:
         reqs = [r for r, n in zip(self.reqs, self.num_samples, strict=True) for _ in range(n)]
         return SamplingArrays.build([r.sampling for r in reqs], [r.seed for r in reqs],
                                     self.host.shape.num_reqs)
+
+
+def rows_per_request(drafts: list[list[int]] | None, num_reqs: int) -> list[int]:
+    """Sampling rows of each request: 1, or 1 + its drafts in a verify step."""
+    return [1] * num_reqs if drafts is None else [1 + len(d) for d in drafts]
+
+
+def first_rows(num_samples: list[int]) -> list[int]:
+    """Each request's first sampling row, its num_samples rows following one another."""
+    return list(itertools.accumulate(num_samples[:-1], initial=0))
 
 
 class BatchBuilding:
@@ -307,13 +316,11 @@ class BatchBuilding:
             samples.append(known_end == r.seq_len)
         host = build_batch(slices, self.runner.buckets, self.prefix_memo)
         host = host._replace(scores=_prompt_scores(reqs[:num_extend], num_new, host))
-        batch = ScheduledBatch(reqs, num_new, samples, is_prefill, host, StepOptions(), None,
-                               drafts)
+        mask = None
         if any(r.grammar is not None for r in reqs):
-            batch.token_mask = build_token_mask(reqs, samples, batch.first_rows,
-                                                host.shape.num_reqs,
-                                                self.runner.cfg.vocab_size)
-        mask = batch.token_mask
+            rows = first_rows(rows_per_request(drafts, len(reqs)))
+            mask = build_token_mask(reqs, samples, rows, host.shape.num_reqs,
+                                    self.runner.cfg.vocab_size)
         opts = StepOptions(  # runtime flags of the shape's one program
             do_sample=any(not r.sampling.is_greedy for r in reqs),
             return_logprobs=any(r.sampling.logprobs for r in reqs),
@@ -322,7 +329,7 @@ class BatchBuilding:
             prompt_logprobs=host.scores is not None,
             use_logit_bias=any(r.sampling.logit_bias for r in reqs),
         )
-        batch.opts = opts
+        batch = ScheduledBatch(reqs, num_new, samples, is_prefill, host, opts, mask, drafts)
         self._after_dispatch_bookkeeping(batch)
         return batch
 

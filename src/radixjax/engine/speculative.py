@@ -99,15 +99,12 @@ class DraftState:
     num_verify_steps: int = 0
     num_drafted: int = 0
     num_accepted: int = 0
-    last_source: str = ""
-    history: list[int] = field(default_factory=list)  # accepted per verify step
 
     def observe(self, num_drafts: int, num_accepted: int) -> None:
         """After a verify step: the accepted drafts were hits, the first rejected a miss."""
         self.num_verify_steps += 1
         self.num_drafted += num_drafts
         self.num_accepted += num_accepted
-        self.history.append(num_accepted)
         outcomes = [1.0] * num_accepted + ([0.0] if num_accepted < num_drafts else [])
         for hit in outcomes:
             self.alpha += ACCEPT_EMA * (hit - self.alpha)
@@ -129,17 +126,18 @@ def plan(alphas: Sequence[float], lengths: Sequence[int], costs: StepCosts,
     b = len(alphas)
     round_cost = costs.draft_of(b)
     best, best_ks = b / costs.of(b) * MIN_GAIN, [0] * b
-    ks, gain, used = [0] * b, 0.0, b
+    ks, gain, used, longest = [0] * b, 0.0, b, 0
     heap = [(-a, i) for i, (a, n) in enumerate(zip(alphas, lengths, strict=True)) if n > 0]
     heapq.heapify(heap)
     while heap and used < max_rows and costs.bucket(used + 1) is not None:
         neg, i = heapq.heappop(heap)
         ks[i] += 1
+        longest = max(longest, ks[i])
         gain -= neg
         used += 1
         if ks[i] < lengths[i]:
             heapq.heappush(heap, (neg * alphas[i], i))
-        value = (b + gain) / (costs.of(used) + VERIFY_OVERHEAD + round_cost * max(ks))
+        value = (b + gain) / (costs.of(used) + VERIFY_OVERHEAD + round_cost * longest)
         if value > best:
             best, best_ks = value, list(ks)
     return best_ks
@@ -164,9 +162,7 @@ def state_of(req: Req, cfg: EngineConfig) -> DraftState:
 
 def proposal(req: Req, cfg: EngineConfig, max_k: int, tree: RadixCache | None) -> list[int]:
     """Up to max_k drafts after req's tokens (all on the host)."""
-    state = state_of(req, cfg)
-    drafts, state.last_source = propose_draft(state.index, max_k, tree, req.namespace)
-    return drafts
+    return propose_draft(state_of(req, cfg).index, max_k, tree, req.namespace)[0]
 
 
 def drafts_likely(req: Req, cfg: EngineConfig, tree: RadixCache | None, costs: StepCosts,

@@ -450,7 +450,6 @@ class ModelRunner:
         request over `context` keys (speculative decoding's cost table,
         engine/speculative.py StepCosts)."""
         out = {}
-        sp = None
         for t in (t for t in self.buckets.tokens if t <= max_tokens):
             batch = _timing_batch(t, min(context, self.config.max_context - t),
                                   self.buckets)
