@@ -444,24 +444,25 @@ class ModelRunner:
         out, self.kv, self.req_to_token, self.last_tokens, self.token_counts = program(*args)
         return out
 
-    def time_buckets(self, max_tokens: int, context: int = 256,
-                     repeats: int = 5) -> dict[int, float]:
+    def time_buckets(self, max_tokens: int, context: int = 512,
+                     repeats: int = 7) -> dict[int, float]:
         """Median seconds of a step of each warm token bucket up to max_tokens, one
         request over `context` keys (speculative decoding's cost table,
-        engine/speculative.py StepCosts)."""
-        out = {}
-        for t in (t for t in self.buckets.tokens if t <= max_tokens):
-            batch = _timing_batch(t, min(context, self.config.max_context - t),
-                                  self.buckets)
-            sp = SamplingArrays.build([], [], batch.shape.num_reqs)
-            seconds = []
-            for _ in range(repeats):
+        engine/speculative.py StepCosts). The buckets take turns, one step each per
+        round: this VM's speed drifts between seconds, so timing one bucket after the
+        other once made a 4-token step look as cheap as a 1-token one (1.01x; it costs
+        1.2-1.8x)."""
+        batches = {t: _timing_batch(t, min(context, self.config.max_context - t), self.buckets)
+                   for t in self.buckets.tokens if t <= max_tokens}
+        seconds: dict[int, list[float]] = {t: [] for t in batches}
+        for _ in range(repeats):
+            for t, batch in batches.items():
+                sp = SamplingArrays.build([], [], batch.shape.num_reqs)
                 start = time.perf_counter()
                 self.step(batch, sp, StepOptions()).tokens.block_until_ready()
-                seconds.append(time.perf_counter() - start)
-                batch = batch._replace(row_syncs=())
-            out[t] = float(np.median(seconds))
-        return out
+                seconds[t].append(time.perf_counter() - start)
+                batches[t] = batch._replace(row_syncs=())
+        return {t: float(np.median(s)) for t, s in seconds.items()}
 
     def all_logits(self, batch: HostBatch) -> np.ndarray:
         """[real tokens, V] logits of every new token (tests and prompt logprobs)."""
