@@ -3,6 +3,7 @@ folders (config.json + model.safetensors) by HF transformers itself."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
 
 # Tests run on the CPU with a persistent compile cache of their own.
@@ -14,6 +15,21 @@ os.environ.setdefault(
 import pytest  # noqa: E402
 
 from tests.tiny_models import FAMILIES, save_tiny_model  # noqa: E402
+
+# A test stuck where no Python runs (a C thread deadlocked holding the GIL) never lets
+# pytest-timeout's alarm (600 s, pyproject.toml) run: after this long, faulthandler's own
+# C thread prints every thread's stack and ends the worker, which xdist reports as a
+# crashed test and replaces, instead of CI hanging to its 90-minute limit.
+HARD_TIMEOUT_S = 720
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):  # noqa: ARG001 (pytest's hook signature)
+    faulthandler.dump_traceback_later(HARD_TIMEOUT_S, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture(scope="session", autouse=True)
