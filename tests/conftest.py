@@ -6,11 +6,14 @@ from __future__ import annotations
 import faulthandler
 import os
 
-# Tests run on the CPU with a persistent compile cache of their own.
+# Tests run on the CPU with a persistent compile cache of their own, which this process
+# reads and the processes it starts (servers, ranks, CLIs) also write
+# (runtime/compile_cache.py READ_ONLY_PID_VAR says why).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault(
     "RADIXJAX_JAX_CACHE", os.path.join(os.path.dirname(__file__), "..", ".jax_cache")
 )
+os.environ["RADIXJAX_JAX_CACHE_READ_ONLY_PID"] = str(os.getpid())
 
 import pytest  # noqa: E402
 

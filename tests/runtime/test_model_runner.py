@@ -1,10 +1,13 @@
 """ModelRunner: sampled path vs logits path, dummy-slot padding, warm-up and the
-late-compile counter, the persistent compile cache."""
+late-compile counter, the persistent compile cache (written by a process, not by one
+marked read-only)."""
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -117,8 +120,8 @@ def test_one_program_per_token_bucket_serves_every_option_and_context(tiny_model
     runner.step(batch._replace(scores=scores), sp(batch), StepOptions(prompt_logprobs=True))
     jax.block_until_ready(runner.kv)
     assert runner.num_late_compiles == 0 and runner.num_programs == 5
-    # A second runner of the same model and config gets the same programs (JAX's
-    # persistent cache) and the same tokens.
+    # A second runner of the same model and config gets the same programs and the same
+    # tokens.
     again = tiny_runner(m.cfg, m.params, max_batch_tokens=16, max_running=2,
                         max_context=600, num_slots=1024)
     again.warmup(progress=False)
@@ -128,9 +131,22 @@ def test_one_program_per_token_bucket_serves_every_option_and_context(tiny_model
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
 
 
-def test_persistent_compile_cache_is_written() -> None:
-    path = jax.config.jax_compilation_cache_dir
-    assert path and os.path.isdir(path)
-    f = jax.jit(lambda x: x * 3.0 + 1.0)
-    f(np.arange(7.0)).block_until_ready()
-    assert len(os.listdir(path)) > 0
+_WRITE_ONE = """
+import os, sys, jax, numpy as np
+from radixjax.runtime.compile_cache import READ_ONLY_PID_VAR, enable_persistent_cache
+if sys.argv[1] == "read-only":
+    os.environ[READ_ONLY_PID_VAR] = str(os.getpid())
+enable_persistent_cache()
+jax.jit(lambda x: x * 3.0 + 1.0)(np.arange(7.0)).block_until_ready()
+"""
+
+
+@pytest.mark.parametrize("mode", ["writes", "read-only"])
+def test_persistent_compile_cache_is_written(mode: str, tmp_path) -> None:
+    """A process writes what it compiles to the cache folder, except the one named
+    read-only (the test workers; the processes they start write)."""
+    env = dict(os.environ, RADIXJAX_JAX_CACHE=str(tmp_path), JAX_PLATFORMS="cpu")
+    subprocess.run([sys.executable, "-c", _WRITE_ONE, mode], env=env, check=True,
+                   timeout=120)
+    entries = [f for f in os.listdir(tmp_path) if f.endswith("-cache")]
+    assert (len(entries) > 0) == (mode == "writes"), entries
