@@ -5,6 +5,7 @@ agreement with our float32 over a set of chat prompts.
 
     .venv/bin/python benchmarks/quality.py [--chunks 8] [--no-hf] [--no-llama]
         [--configs f32,default,w8a8+bf16kv,w8a8,w8a16,w8a16+bf16kv] [--greedy-tokens 48]
+        [--model gemma3-270m]    # another GGUF (a base model: --greedy-tokens 0)
 
 Protocol (llama.cpp's tools/perplexity): the text is tokenized whole, cut into windows of
 N_CTX = 512 tokens (the first `--chunks` of them; a window's first token is BOS where the
@@ -130,13 +131,10 @@ def ours(model, name: str, wins: dict[str, list[np.ndarray]]) -> tuple[dict, obj
     return res, runner
 
 
-def hf(wins: dict[str, list[np.ndarray]]) -> dict[str, float]:
+def hf(wins: dict[str, list[np.ndarray]], path: Path) -> dict[str, float]:
     import torch
     import transformers
 
-    from radixjax.loaders import default_model_path
-
-    path = default_model_path()
     model = transformers.AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32).eval()
     res = {}
@@ -153,25 +151,21 @@ def llama_bin(tool: str) -> str:
         Path.home() / ".cache/radixjax-peers/llama.cpp/build/bin"))) / tool)
 
 
-def llama_tokens(raw: dict[str, str]) -> dict[str, list[int]]:
+def llama_tokens(raw: dict[str, str], path: Path) -> dict[str, list[int]]:
     """Each text as llama.cpp tokenizes it (llama-tokenize --ids)."""
-    from radixjax.loaders import default_model_path
-
     res = {}
     for text, body in raw.items():
         with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
             f.write(body)
             f.flush()
-            out = subprocess.run([llama_bin("llama-tokenize"), "-m", str(default_model_path()),
+            out = subprocess.run([llama_bin("llama-tokenize"), "-m", str(path),
                                   "-f", f.name, "--ids", "--log-disable"],
                                  capture_output=True, text=True, check=True).stdout
         res[text] = [int(t) for t in out.strip().splitlines()[-1].strip("[]").split(",")]
     return res
 
 
-def llama_perplexity(raw: dict[str, str], chunks: int) -> dict[str, float]:
-    from radixjax.loaders import default_model_path
-
+def llama_perplexity(raw: dict[str, str], chunks: int, path: Path) -> dict[str, float]:
     exe = llama_bin("llama-perplexity")
     res = {}
     for text, body in raw.items():
@@ -179,7 +173,7 @@ def llama_perplexity(raw: dict[str, str], chunks: int) -> dict[str, float]:
             f.write(body)
             f.flush()
             out = subprocess.run(
-                [exe, "-m", str(default_model_path()), "-f", f.name, "-c", str(N_CTX),
+                [exe, "-m", str(path), "-f", f.name, "-c", str(N_CTX),
                  "-b", str(N_CTX), "--chunks", str(chunks), "-t", "2", "-fa", "off"],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=True).stdout
         m = re.search(r"Final estimate: PPL = ([0-9.]+)", out)
@@ -221,11 +215,14 @@ def main() -> None:
     ap.add_argument("--greedy-tokens", type=int, default=48)
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--no-llama", action="store_true")
+    ap.add_argument("--model", default=None, help="a GGUF path or gemma3-270m (default: "
+                    "SmolLM2)")
     args = ap.parse_args()
 
-    from radixjax.loaders import load_model
+    from radixjax.loaders import load_model, resolve_model_path
 
-    model = load_model()
+    path = resolve_model_path(args.model)
+    model = load_model(path)
     tok = model.tokenizer
     raw = texts()
     bos = tok.bos_token_id if getattr(tok, "add_bos_token", False) else None
@@ -237,7 +234,7 @@ def main() -> None:
     extra: dict[str, str] = {}
     if not args.no_hf:
         t = time.time()
-        rows["HF transformers f32"] = hf(wins)
+        rows["HF transformers f32"] = hf(wins, path)
         extra["HF transformers f32"] = f"{time.time() - t:.0f} s"
     ref_tokens = None
     for name in args.configs.split(","):
@@ -254,8 +251,8 @@ def main() -> None:
         print(f"  {name}: {time.time() - t:.0f} s", flush=True)
     bases = {}
     if not args.no_llama:
-        rows["llama.cpp llama-perplexity"] = llama_perplexity(raw, args.chunks)
-        lids = llama_tokens(raw)
+        rows["llama.cpp llama-perplexity"] = llama_perplexity(raw, args.chunks, path)
+        lids = llama_tokens(raw, path)
         print("llama.cpp's tokens:", {k: len(v) for k, v in lids.items()})
         lwins = {k: windows(v, args.chunks, bos) for k, v in lids.items()}
         rows["radixjax f32 on llama.cpp's tokens"] = ours(model, "f32", lwins)[0]

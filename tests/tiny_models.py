@@ -70,6 +70,26 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                          "original_max_position_embeddings": 64, "beta_fast": 32,
                          "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 1.0})),
+    # Gemma 3: sliding-window layers around a global one (window 7, RoPE base 10k) and a
+    # global one with base 1M and linear scaling, q/k norms, four norms per layer, a
+    # softmax scale from query_pre_attn_scalar (not head_dim), GELU-tanh, tied head.
+    "gemma3": ("Gemma3TextConfig", dict(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_hidden_layers=3,
+        sliding_window=7, query_pre_attn_scalar=24, pad_token_id=0,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                            "rope_theta": 1000000.0}})),
+    # Gemma 2: alternating window / global layers, logit soft caps (Gemma 2's are 50 on
+    # the attention scores, 30 on the output; 5 and 3 here, so the random weights' scores
+    # reach well into the tanh).
+    "gemma2": ("Gemma2Config", dict(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_hidden_layers=2,
+        sliding_window=7, query_pre_attn_scalar=24, pad_token_id=0,
+        attn_logit_softcapping=5.0, final_logit_softcapping=3.0)),
+    # Phi-3: q|k|v and gate|up fused in the checkpoint.
+    "phi3": ("Phi3Config", dict(num_attention_heads=4, num_key_value_heads=2,
+                                pad_token_id=0, tie_word_embeddings=False)),
 }
 
 # Not in the HF parity sweep: a llama whose head size (64) the CPU attention handler

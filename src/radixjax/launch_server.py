@@ -35,7 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m radixjax.launch_server", description=__doc__,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default=None,
-                   help="HF model folder or .gguf file; default: SmolLM2-135M-Instruct GGUF")
+                   help="HF model folder, .gguf file or gemma3-270m (its PyPI package); "
+                        "default: SmolLM2-135M-Instruct GGUF")
     p.add_argument("--served-model-name", default=None,
                    help="the model id clients send (default: the file or folder name)")
     p.add_argument("--host", default="127.0.0.1")
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from radixjax.disagg.sides import make_side
     from radixjax.engine.engine import Engine
-    from radixjax.loaders import default_model_path
+    from radixjax.loaders import resolve_model_path
     from radixjax.server.app import create_app
     from radixjax.server.context import ServerConfig
 
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             # that may be alive (this rank failed alone) and stuck waiting for this one.
             os._exit(1)
         return 0
-    path = str(args.model or default_model_path())
+    path = str(resolve_model_path(args.model))
     name = args.served_model_name or os.path.basename(path).removesuffix(".gguf")
     app = create_app(engine, ServerConfig(
         name, args.api_key, args.default_max_tokens, args.enable_debug_endpoints,

@@ -4,6 +4,7 @@ the same model loaded from its HF folder."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import gguf
@@ -28,7 +29,15 @@ _NAMES = {
     "self_attn.k_norm.weight": "attn_k_norm.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+    # Phi-3's fused matrices ([gate | up] is llama.cpp's ffn_up there)
+    "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_up.weight",
 }
+
+
+# Gemma 2 / 3: post_attention_layernorm is the attention's output norm
+_GEMMA_NAMES = {**_NAMES, "post_attention_layernorm.weight": "post_attention_norm.weight",
+                "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+                "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
 
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -56,7 +65,15 @@ def write_gguf(hf_dir: Path, out: Path, arch: str) -> Path:
     w.add_value_length(head_dim)
     if cfg.get("sliding_window"):
         w.add_sliding_window(cfg["sliding_window"])
-    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
+    rope = cfg["rope_parameters"]
+    if "full_attention" in rope:  # Gemma 3: the global layers' (the local base is fixed)
+        rope = rope["full_attention"]
+        w.add_uint32(f"{arch}.attention.sliding_window_pattern",
+                     cfg["layer_types"].index("full_attention") + 1)
+    w.add_rope_freq_base(rope["rope_theta"])
+    if rope.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope["factor"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_vocab_size(cfg["vocab_size"])
     w.add_eos_token_id(2)
@@ -69,11 +86,13 @@ def write_gguf(hf_dir: Path, out: Path, arch: str) -> Path:
             gname = "output.weight"
         else:
             _, _, idx, rest = name.split(".", 3)
-            gname = f"blk.{idx}.{_NAMES[rest]}"
+            gname = f"blk.{idx}.{(_GEMMA_NAMES if arch == 'gemma3' else _NAMES)[rest]}"
             if arch == "llama" and rest.startswith("self_attn.q_proj"):
                 t = llama_cpp_permute(t, heads)
             elif arch == "llama" and rest.startswith("self_attn.k_proj"):
                 t = llama_cpp_permute(t, kv_heads)
+        if arch == "gemma3" and gname.endswith("norm.weight"):
+            t = t + 1.0  # llama.cpp's converter stores Gemma's norms as 1 + w
         w.add_tensor(gname, np.ascontiguousarray(t, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -91,12 +110,21 @@ def test_unpermute_inverts_llama_cpp_permute() -> None:
 
 # mistral: llama arch in GGUF (permuted Q/K), untied head, GQA 8, sliding window.
 @pytest.mark.parametrize("family,arch", [("mistral", "llama"), ("qwen2", "qwen2"),
-                                         ("qwen3", "qwen3")])
+                                         ("qwen3", "qwen3"), ("gemma3", "gemma3"),
+                                         ("phi3", "phi3")])
 def test_gguf_matches_hf_folder(family: str, arch: str, tiny_model_dir, tmp_path) -> None:
     hf_dir = tiny_model_dir(family)
     path = write_gguf(hf_dir, tmp_path / "tiny.gguf", arch)
     g = load_model(path, load_tokenizer=False)
     h = load_model(hf_dir, load_tokenizer=False)
+    if arch == "gemma3":  # GGUF has no query_pre_attn_scalar (llama.cpp: 1 / sqrt(Dh),
+        # equal in the released Gemma 3s; the tiny one sets its own)
+        assert g.cfg.query_scale is None and h.cfg.query_scale == 24**-0.5
+        g.cfg = dataclasses.replace(g.cfg, query_scale=h.cfg.query_scale)
+        # the whole architecture read from the metadata (the tiny file's tokens differ)
+        assert g.cfg == dataclasses.replace(h.cfg, eos_token_ids=g.cfg.eos_token_ids,
+                                            bos_token_id=g.cfg.bos_token_id,
+                                            rms_norm_eps=g.cfg.rms_norm_eps)  # (an f32)
     assert g.cfg.tie_word_embeddings == h.cfg.tie_word_embeddings
     assert (g.cfg.qkv_bias, g.cfg.qk_norm) == (h.cfg.qkv_bias, h.cfg.qk_norm)
     ids = np.random.default_rng(1).integers(3, 200, 30).astype(np.int32)

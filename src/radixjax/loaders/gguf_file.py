@@ -14,8 +14,8 @@ from typing import Any
 import gguf
 import numpy as np
 
-from radixjax.loaders.gguf_reader import GGUFFile
-from radixjax.model.config import ModelConfig
+from radixjax.loaders.gguf_reader import GGUFFile, GGUFTensor
+from radixjax.model.config import ModelConfig, UnsupportedModelError
 from radixjax.model.params import Params, Placer, params_from_numpy
 
 _LAYER_NAMES = {
@@ -35,6 +35,12 @@ _LAYER_NAMES = {
     "ffn_up.weight": ("w_up", True),
     "ffn_down.weight": ("w_down", True),
 }
+_LAYER_NAMES.update({  # Gemma 2 / 3 (their norms already hold 1 + w, as ours do)
+    "post_attention_norm.weight": ("post_attn_norm", False),
+    "post_ffw_norm.weight": ("post_mlp_norm", False),
+})
+# Phi-3: fused [q | k | v] and [gate | up] rows (split into their parts)
+_FUSED_NAMES = {"attn_qkv.weight": ("wq", "wk", "wv"), "ffn_up.weight": ("w_gate", "w_up")}
 _TOP_NAMES = {
     "token_embd.weight": ("embed", False),
     "output_norm.weight": ("final_norm", False),
@@ -57,6 +63,26 @@ def unpermute_rope_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     return w.swapaxes(1, 2).reshape(out_dim, *w.shape[3:])
 
 
+def dequantize(t: GGUFTensor) -> np.ndarray:
+    """Any type the `gguf` package dequantizes (F32, F16, BF16, Q4_0..Q8_0, Q2_K..Q6_K,
+    IQ*) -> float32 [rows, cols]; a clear error naming the type otherwise."""
+    try:
+        return gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+    except NotImplementedError as e:
+        raise UnsupportedModelError(
+            f"tensor {t.name}: GGUF type {t.tensor_type.name} cannot be dequantized "
+            f"(the gguf package has no dequantizer for it)") from e
+
+
+def _split_fused(w: np.ndarray, parts: tuple[str, ...], cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """[O1 + O2 (+ O3), D] -> each part (in, out)."""
+    sizes = ((cfg.q_size, cfg.kv_size, cfg.kv_size) if len(parts) == 3
+             else (cfg.intermediate_size,) * 2)
+    if w.shape[0] != sum(sizes):
+        raise ValueError(f"fused {parts}: {w.shape[0]} rows, expected {sum(sizes)}")
+    return {p: x.T for p, x in zip(parts, np.split(w, np.cumsum(sizes)[:-1]), strict=True)}
+
+
 def load_gguf_params(gf: GGUFFile, cfg: ModelConfig, arch: str, dtype: Any,
                      placer: Placer | None = None) -> Params:
     top: dict[str, np.ndarray] = {}
@@ -64,6 +90,10 @@ def load_gguf_params(gf: GGUFFile, cfg: ModelConfig, arch: str, dtype: Any,
     for t in gf.tensors:
         if t.name.startswith("blk."):
             _, idx, rest = t.name.split(".", 2)
+            if arch == "phi3" and rest in _FUSED_NAMES:
+                w = dequantize(t)
+                layers[int(idx)].update(_split_fused(w, _FUSED_NAMES[rest], cfg))
+                continue
             if rest not in _LAYER_NAMES:
                 continue
             ours, transpose = _LAYER_NAMES[rest]
@@ -73,7 +103,7 @@ def load_gguf_params(gf: GGUFFile, cfg: ModelConfig, arch: str, dtype: Any,
             dest = top
         else:
             continue
-        w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        w = dequantize(t)
         if arch == "llama" and ours in ("wq", "bq"):
             w = unpermute_rope_rows(w, cfg.num_heads)
         elif arch == "llama" and ours in ("wk", "bk"):

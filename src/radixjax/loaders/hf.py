@@ -68,6 +68,17 @@ _TOP_NAMES = {
     "lm_head.weight": ("lm_head", False),  # kept [V, D]
 }
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+# Gemma 2 / 3: post_attention_layernorm normalises the attention's output (Llama's is
+# the MLP's input norm), pre/post_feedforward_layernorm the MLP's input and output
+_GEMMA_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "post_attention_layernorm.weight": ("post_attn_norm", False),
+    "pre_feedforward_layernorm.weight": ("mlp_norm", False),
+    "post_feedforward_layernorm.weight": ("post_mlp_norm", False),
+}
+# Phi-3: fused in the checkpoint, [q | k | v] and [gate | up] rows
+_FUSED_NAMES = {"self_attn.qkv_proj.weight": ("wq", "wk", "wv"),
+                "mlp.gate_up_proj.weight": ("w_gate", "w_up")}
 
 
 def is_hf_folder(path: Path) -> bool:
@@ -131,8 +142,30 @@ def _deinterleave_rope(lw: dict[str, np.ndarray], cfg: ModelConfig) -> None:
                                      axis=1)
 
 
+def _split_fused(name: str, arr: np.ndarray, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """A Phi-3 fused [O1 + O2 (+ O3), D] matrix -> its parts, each (in, out)."""
+    parts = _FUSED_NAMES[name]
+    sizes = ((cfg.q_size, cfg.kv_size, cfg.kv_size) if len(parts) == 3
+             else (cfg.intermediate_size,) * 2)
+    if arr.shape[0] != sum(sizes):
+        raise ValueError(f"{name}: {arr.shape[0]} rows, expected {sum(sizes)}")
+    pieces = np.split(arr, np.cumsum(sizes)[:-1])
+    return {p: w.T for p, w in zip(parts, pieces, strict=True)}
+
+
+def _gemma_norms(top: dict[str, np.ndarray], layers: list[dict[str, np.ndarray]]) -> None:
+    """Gemma's RMSNorm multiplies by (1 + w): stored as that factor (the forward's)."""
+    top["final_norm"] = top["final_norm"] + np.float32(1.0)
+    for lw in layers:
+        for name in ("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm", "q_norm",
+                     "k_norm"):
+            if name in lw:
+                lw[name] = lw[name] + np.float32(1.0)
+
+
 def load_hf_params(path: Path, cfg: ModelConfig, dtype: Any,
                    placer: Placer | None = None) -> Params:
+    layer_names = _GEMMA_LAYER_NAMES if cfg.gemma_style else _LAYER_NAMES
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors in {path}")
@@ -156,8 +189,12 @@ def load_hf_params(path: Path, cfg: ModelConfig, dtype: Any,
                     fused = _fused_experts(rest.split(".")[-1], _read(f, flax_f, name))
                     layers[int(m.group(1))].update(fused)
                     continue
-                if m and rest in _LAYER_NAMES:
-                    ours, transpose = _LAYER_NAMES[rest]
+                if m and rest in _FUSED_NAMES:
+                    layers[int(m.group(1))].update(
+                        _split_fused(rest, _read(f, flax_f, name), cfg))
+                    continue
+                if m and rest in layer_names:
+                    ours, transpose = layer_names[rest]
                     dest = layers[int(m.group(1))]
                 elif name in _TOP_NAMES:
                     ours, transpose = _TOP_NAMES[name]
@@ -173,4 +210,6 @@ def load_hf_params(path: Path, cfg: ModelConfig, dtype: Any,
             _deinterleave_rope(lw, cfg)
     if cfg.tie_word_embeddings:
         top.pop("lm_head", None)
+    if cfg.gemma_style and "final_norm" in top:
+        _gemma_norms(top, layers)
     return params_from_numpy(cfg, top, layers, dtype, placer)

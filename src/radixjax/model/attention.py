@@ -32,6 +32,12 @@ import jax.numpy as jnp
 from jax import lax
 
 MASK_VALUE = -1e30  # finite, so fully masked (padded) rows give a harmless uniform softmax
+
+
+def soft_capped(s: jax.Array, cap: float | None) -> jax.Array:
+    """Scores (already scaled) -> cap * tanh(s / cap) (Gemma 2's attention logit soft
+    cap), applied before the mask; None: s itself."""
+    return s if cap is None else jnp.tanh(s / cap) * cap
 TABLE_ALIGN = 512  # req_to_token rows are a multiple of this wide (every backend's key block)
 
 

@@ -24,18 +24,20 @@ def resolve_backend_name(name: str) -> str:
 
 
 def get_backend(name: str, page_size: int = 1, deterministic: bool = False,
-                cpu_decode: bool = False) -> AttentionBackend:
+                cpu_decode: bool = False, soft_cap: float | None = None) -> AttentionBackend:
     """The backend function; page_size must be the allocator's page size, or 1 (always
     valid; only the pallas backend uses it). deterministic: a token's result independent
     of its batch (native backend only); cpu_decode: the native backend's decode tokens
-    through the CPU handler (model/cpu_decode.py)."""
+    through the CPU handler (model/cpu_decode.py); soft_cap: the attention logit cap
+    (Gemma 2) on every score."""
     name = resolve_backend_name(name)
     if name == "native":
-        if not (deterministic or cpu_decode):
+        if not (deterministic or cpu_decode or soft_cap):
             return native_attention
-        return partial(native_attention, deterministic=deterministic, kernel=cpu_decode)
+        return partial(native_attention, deterministic=deterministic, kernel=cpu_decode,
+                       soft_cap=soft_cap)
     if deterministic:
         raise ValueError("deterministic inference runs on the native attention backend")
     from radixjax.model.pallas_backend import pallas_attention  # Pallas only when asked
 
-    return partial(pallas_attention, page_size=page_size)
+    return partial(pallas_attention, page_size=page_size, soft_cap=soft_cap)

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from radixjax.model.config import ModelConfig, RopeScaling, YarnScaling
+from radixjax.model.config import LinearScaling, ModelConfig, RopeScaling, YarnScaling
 from radixjax.model.dense_weights import FUSED_WEIGHTS, OutIn, out_in_linear
 from radixjax.model.params import Params
 from radixjax.model.quant import Int8Weight, PackedInt8Weight, int8_linear
@@ -65,12 +65,17 @@ def fused_linear(x: jax.Array, lp: Params, name: str,
     return [y if b is None else y + b for y, b in zip(ys, biases, strict=True)]
 
 
-def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
-    """[rope_dim // 2] float32 inverse frequencies, with Llama-3 or YaRN scaling."""
+def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> np.ndarray:
+    """[rope_dim // 2] float32 inverse frequencies, with Llama-3, YaRN or linear scaling;
+    local: a sliding-window layer's, where it has a base of its own (Gemma 3: unscaled)."""
     dim = cfg.rope_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
-    s = cfg.rope_scaling
-    if isinstance(s, RopeScaling):
+    local = local and cfg.local_rope_theta is not None
+    theta = cfg.local_rope_theta if local else cfg.rope_theta
+    inv_freq = 1.0 / (theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    s = None if local else cfg.rope_scaling
+    if isinstance(s, LinearScaling):
+        inv_freq = inv_freq / s.factor
+    elif isinstance(s, RopeScaling):
         low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
         high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
         wavelen = 2 * math.pi / inv_freq

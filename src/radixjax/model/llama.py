@@ -71,8 +71,11 @@ def _attention_block(
         q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
         k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    o, k_pool, v_pool = backend(q, k, v, kv[0], kv[1], md, window, cfg.head_dim**-0.5)
+    o, k_pool, v_pool = backend(q, k, v, kv[0], kv[1], md, window, cfg.softmax_scale)
     return linear(o.reshape(t, cfg.q_size), lp["wo"], lp.get("bo")), (k_pool, v_pool)
+
+
+_ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
 
 
 def _mlp_block(lp: Params, x: jax.Array, cfg: ModelConfig, layout: Layout | None,
@@ -81,7 +84,7 @@ def _mlp_block(lp: Params, x: jax.Array, cfg: ModelConfig, layout: Layout | None
     if cfg.is_sparse(layer):
         return moe_block(lp, h, cfg, layout, layer)
     gate, up = fused_linear(h, lp, "w_gate_up", (cfg.intermediate_size,) * 2)
-    return linear(jax.nn.silu(gate) * up, lp["w_down"], lp.get("b_down"))
+    return linear(_ACTIVATIONS[cfg.hidden_act](gate) * up, lp["w_down"], lp.get("b_down"))
 
 
 def vocab_blocks(vocab: int, max_block: int = 1024) -> int:
@@ -108,19 +111,25 @@ def lm_head(params: Params, h: jax.Array, cfg: ModelConfig,
     vocab-parallel when the layout shards the vocabulary; its int8 copy when quantized
     (model/quant.py int8_head)."""
     if "lm_head_int8" in params:
-        return int8_head(h, params["lm_head_int8"])
-    w = params["embed"] if cfg.tie_word_embeddings else params["lm_head"]
-    if layout is not None and layout.is_sharded("vocab", cfg.vocab_size):
-        return vocab_parallel_head(w, h, layout, _head_rows)
-    return _head_rows(w, h)
+        logits = int8_head(h, params["lm_head_int8"])
+    else:
+        w = params["embed"] if cfg.tie_word_embeddings else params["lm_head"]
+        if layout is not None and layout.is_sharded("vocab", cfg.vocab_size):
+            logits = vocab_parallel_head(w, h, layout, _head_rows)
+        else:
+            logits = _head_rows(w, h)
+    cap = cfg.final_soft_cap  # Gemma 2
+    return logits if cap is None else jnp.tanh(logits / cap) * cap
 
 
 def _embed(params: Params, input_ids: jax.Array, cfg: ModelConfig,
            layout: Layout | None) -> jax.Array:
     """[T] int32 -> [T, D] f32."""
     if layout is not None and layout.is_sharded("vocab", cfg.vocab_size):
-        return vocab_parallel_embed(params["embed"], input_ids, layout)
-    return params["embed"][input_ids].astype(jnp.float32)
+        x = vocab_parallel_embed(params["embed"], input_ids, layout)
+    else:
+        x = params["embed"][input_ids].astype(jnp.float32)
+    return x if cfg.embed_scale == 1.0 else x * jnp.float32(cfg.embed_scale)
 
 
 def _decoder_layer(
@@ -139,8 +148,13 @@ def _decoder_layer(
     else:
         attn, kv = _attention_block(lp, x, kv, md, cos, sin, cfg, backend,
                                     cfg.sliding_windows[kind], layout)
+    if cfg.gemma_style:  # each block's output normed before the residual add
+        attn = rms_norm(attn, lp["post_attn_norm"], cfg.rms_norm_eps)
     x = replicate(x + attn)
-    return replicate(x + _mlp_block(lp, x, cfg, layout, kind)), kv
+    mlp = _mlp_block(lp, x, cfg, layout, kind)
+    if cfg.gemma_style:
+        mlp = rms_norm(mlp, lp["post_mlp_norm"], cfg.rms_norm_eps)
+    return replicate(x + mlp), kv
 
 
 def forward_hidden(
@@ -164,14 +178,20 @@ def forward_hidden(
     elif layout is not None:
         backend = sharded_attention(backend, layout)
     x = _embed(params, input_ids, cfg, layout)  # [T, D]
-    cos, sin = rope_cos_sin(md.positions, rope_inv_freq(cfg), rope_attention_factor(cfg))
+    factor = rope_attention_factor(cfg)
+    rope = rope_cos_sin(md.positions, rope_inv_freq(cfg), factor)  # each [T, rope_dim]
+    # a sliding-window layer's RoPE, where it has a base of its own (Gemma 3)
+    local_rope = rope if cfg.local_rope_theta is None else rope_cos_sin(
+        md.positions, rope_inv_freq(cfg, local=True), factor)
     num_slots = kv[0].shape[0] // cfg.num_layers
     for group, weights in zip(layer_groups(cfg), params["groups"], strict=True):
+        cos, sin = local_rope if cfg.sliding_windows[group.start] is not None else rope
 
         scanned, resident = split_resident(weights)
 
         def layer(carry: tuple, xs: tuple, kind: int = group.start,
-                  resident: dict = resident) -> tuple:
+                  resident: dict = resident, cos: jax.Array = cos,
+                  sin: jax.Array = sin) -> tuple:
             x, kv = carry
             lp, i = xs
             lp = join_resident(lp, resident, i - kind)

@@ -57,6 +57,7 @@ from radixjax.model.attention import (
     AttentionMetadata,
     einsum_in,
     from_pool,
+    soft_capped,
     to_pool,
     write_kv,
 )
@@ -172,7 +173,8 @@ def pool_keys(k_pool: jax.Array, v_pool: jax.Array) -> KeySource:
 
 def shared_prefix_pass(q: jax.Array, keys: KeySource, v_dim: int, md: AttentionMetadata,
                        prefix_len: jax.Array, q_pos: jax.Array, window: int | None,
-                       dot_dtype: jnp.dtype = jnp.float32) -> tuple:
+                       dot_dtype: jnp.dtype = jnp.float32,
+                       soft_cap: float | None = None) -> tuple:
     """The step's shared prefix (md.shared_len), read once for every query row that has
     it: q [R, Hkv, G, Dk] (scaled), prefix_len [R] (the row's keys 0 .. prefix_len-1 are
     the prefix; 0: none), q_pos [R] (the row's position, for the window) -> the online
@@ -193,7 +195,8 @@ def shared_prefix_pass(q: jax.Array, keys: KeySource, v_dim: int, md: AttentionM
         valid = cols[None, :] < prefix_len[:, None]  # [R, BK]
         if window is not None:
             valid &= cols[None, :] > q_pos[:, None] - window
-        s = jnp.where(valid[None, :, None, :], s, MASK_VALUE)  # [Hkv, R, G, BK]
+        s = jnp.where(valid[None, :, None, :], soft_capped(s, soft_cap),
+                      MASK_VALUE)  # [Hkv, R, G, BK]
         return _softmax_step(carry, s, v, "hrgk,khd->hrgd", dot_dtype)
 
     hi = (jnp.max(prefix_len) + block_k - 1) // block_k
@@ -245,7 +248,8 @@ def decode_form(num_kv_heads: int, group: int, batch: int, deterministic: bool =
 
 def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
                      md: AttentionMetadata, window: int | None,
-                     prefix: tuple | None = None, deterministic: bool = False) -> jax.Array:
+                     prefix: tuple | None = None, deterministic: bool = False,
+                     soft_cap: float | None = None) -> jax.Array:
     """q [T, Hq, Dh] (scaled) -> [B, Hq, Dh]: each q_len == 1 request's one token over
     its keys: the shared prefix's once for all (shared_prefix_pass; prefix: its carry
     for each request's token, [B, Hkv, G(, Dh)], if the caller ran it), then each
@@ -283,7 +287,7 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
         prefix = _init((b, num_kv_heads, group), head_dim)
     elif prefix is None:
         prefix = shared_prefix_pass(qd, pool_keys(k_pool, v_pool), head_dim, md, shared,
-                                    kv_len - 1, window)
+                                    kv_len - 1, window, soft_cap=soft_cap)
     m, denom, acc = prefix
     form = decode_form(num_kv_heads, group, b, deterministic)
     block_diagonal = form == "block_diagonal"
@@ -316,17 +320,18 @@ def decode_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
                 s = einsum_in(k.dtype, f"{b_}kc,bqc->bqk", k, qbd)  # (the same bits)
             else:
                 s = einsum_in(k.dtype, f"bqc,{b_}kc->bqk", qbd, k)  # [B, Hq, BK]
-            s = jnp.where(valid[:, None, :], s, MASK_VALUE)
+            s = jnp.where(valid[:, None, :], soft_capped(s, soft_cap), MASK_VALUE)
             return _softmax_step(carry, s, v, f"bqk,{b_}kc->bqc", k.dtype,  # [B, Hq, Hkv * Dh]
                                  deterministic)
         if form == "multiply_sum":
             s = jnp.sum(qd[:, None] * k[:, :, :, None, :], axis=-1)  # [B, BK, Hkv, G]
-            s = jnp.where(valid[:, :, None, None], s, MASK_VALUE).transpose(0, 2, 3, 1)
+            s = jnp.where(valid[:, :, None, None], soft_capped(s, soft_cap),
+                          MASK_VALUE).transpose(0, 2, 3, 1)
             # p [B, Hkv, G, BK] -> [B, Hkv, G, Dh]
             return _softmax_update(carry, s, lambda p: jnp.sum(
                 p.transpose(0, 3, 1, 2)[..., None] * v[:, :, :, None, :], axis=1))
         s = einsum_in(k.dtype, f"bhgd,{b_}khd->bhgk", qd, k)  # [B, Hkv, G, BK]
-        s = jnp.where(valid[:, None, None, :], s, MASK_VALUE)
+        s = jnp.where(valid[:, None, None, :], soft_capped(s, soft_cap), MASK_VALUE)
         return _softmax_step(carry, s, v, f"bhgk,{b_}khd->bhgd", k.dtype, deterministic)
 
     def body(j: jax.Array, carry: tuple) -> tuple:
@@ -383,7 +388,8 @@ def extend_attention(q: jax.Array, keys: KeySource, num_kv_heads: int, v_dim: in
                      md: AttentionMetadata, window: int | None, block_q: int, block_k: int,
                      min_q_len: int = 2, prefix: tuple | None = None,
                      new_kv: tuple[jax.Array, jax.Array] | None = None,
-                     dot_dtype: jnp.dtype = jnp.float32) -> jax.Array:
+                     dot_dtype: jnp.dtype = jnp.float32,
+                     soft_cap: float | None = None) -> jax.Array:
     """q [T, Hq, Dk] (scaled) -> [T, Hq, Dv]: the tokens of requests with
     q_len >= min_q_len; other rows are garbage. The shared prefix (cached, so visible to
     every new token of its requests) first, for all tokens at once (shared_prefix_pass;
@@ -402,7 +408,7 @@ def extend_attention(q: jax.Array, keys: KeySource, num_kv_heads: int, v_dim: in
     q4 = q.reshape(num_tokens, num_kv_heads, group, head_dim)
     if prefix is None:
         prefix = shared_prefix_pass(q4, keys, v_dim, md, shared[md.token_req], md.positions,
-                                    window)
+                                    window, soft_cap=soft_cap)
     # [Hkv, T + BQ, G(, Dv)]: the extend tiles' layout; a tile never runs off the end
     init = tuple(jnp.pad(jnp.moveaxis(x, 0, 1), [(0, 0), (0, block_q)]
                          + [(0, 0)] * (x.ndim - 2)) for x in prefix)
@@ -443,7 +449,7 @@ def extend_attention(q: jax.Array, keys: KeySource, num_kv_heads: int, v_dim: in
                 valid &= k_pos[None, :] >= col  # (a block moved back: keys read before)
                 if window is not None:
                     valid &= k_pos[None, :] > q_pos[:, None] - window
-                s = jnp.where(valid[None, :, None, :], s, MASK_VALUE)
+                s = jnp.where(valid[None, :, None, :], soft_capped(s, soft_cap), MASK_VALUE)
                 return _softmax_step(carry, s, v, "hqgk,khd->hqgd", dot_dtype)
 
             tile = lax.fori_loop(0, (end - first + block_k - 1) // block_k, body,
@@ -464,7 +470,7 @@ def extend_attention(q: jax.Array, keys: KeySource, num_kv_heads: int, v_dim: in
     carry = tuple(jnp.moveaxis(x[:, :num_tokens], 1, 0) for x in carry)  # [T, Hkv, G..]
     if new_kv is not None:
         carry = new_keys.merge(carry, new_keys.new_key_carry(
-            q4, *new_kv, md.token_req, md.positions, window, dot_dtype))
+            q4, *new_kv, md.token_req, md.positions, window, dot_dtype, soft_cap=soft_cap))
     return _finish(carry).reshape(num_tokens, num_q_heads, v_dim)
 
 
@@ -479,15 +485,20 @@ def native_attention(
     scale: float,
     deterministic: bool = False,
     kernel: bool = False,
+    soft_cap: float | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """`AttentionBackend` contract (model/attention.py): blockwise, context-free shapes.
     deterministic: a token's result depends on its request alone (deterministic_attention).
     kernel: decode tokens through the CPU handler (model/cpu_decode.py; each request
-    alone, so deterministic as it is), the rest as above."""
+    alone, so deterministic as it is), the rest as above. soft_cap: Gemma 2's logit cap
+    on every score (attention.soft_capped; not with kernel: the handler has none)."""
+    if kernel and soft_cap is not None:
+        raise ValueError("the CPU decode handler has no logit soft cap")
     k_pool, v_pool = write_kv(k_pool, v_pool, k_new, v_new, md.out_slots + md.layer_base)
     q = q * scale
     if deterministic:
-        return deterministic_attention(q, k_pool, v_pool, md, window, kernel), k_pool, v_pool
+        return (deterministic_attention(q, k_pool, v_pool, md, window, kernel, soft_cap),
+                k_pool, v_pool)
     md = sharing(md)
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_pool.shape[1]
@@ -500,12 +511,12 @@ def native_attention(
     def prefix_pass(rows: jax.Array) -> tuple:
         """the shared-prefix pass for the tokens of these requests ([B] bool)"""
         return shared_prefix_pass(q4, keys, head_dim, md, _shared_len(md, rows)[md.token_req],
-                                  md.positions, window, dot_dtype)
+                                  md.positions, window, dot_dtype, soft_cap)
 
     def extend(prefix: tuple) -> jax.Array:
         return extend_attention(q, keys, num_kv_heads, v_pool.shape[2], md, window,
                                 EXTEND_BLOCK_Q, EXTEND_BLOCK_K, prefix=prefix, new_kv=new_kv,
-                                dot_dtype=dot_dtype)
+                                dot_dtype=dot_dtype, soft_cap=soft_cap)
 
     if kernel:  # decode tokens alone in the handler; the prompts' pass only for them
         dec = kernel_decode(q, k_pool, v_pool, md, window)
@@ -515,7 +526,8 @@ def native_attention(
         prefix = prefix_pass(md.q_len > 0)
         rows = jnp.clip(md.q_start, 0, num_tokens - 1)  # each request's first token
         dec = decode_attention(q, k_pool, v_pool, md, window,
-                               tuple(x[rows] for x in prefix))  # [B, Hq, Dh]
+                               tuple(x[rows] for x in prefix),
+                               soft_cap=soft_cap)  # [B, Hq, Dh]
         ext = extend(prefix)
     is_decode_token = (md.q_len == 1)[md.token_req]  # [T]
     out = jnp.where(is_decode_token[:, None, None], dec[md.token_req], ext)
@@ -558,7 +570,7 @@ def kernel_tokens(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
 
 def deterministic_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
                             md: AttentionMetadata, window: int | None,
-                            kernel: bool = False) -> jax.Array:
+                            kernel: bool = False, soft_cap: float | None = None) -> jax.Array:
     """q [T, Hq, Dh] (scaled; the step's K/V already in the pool) -> [T, Hq, Dv], each
     token's keys reduced in an order set by its request's positions alone (SGLang's
     deterministic inference, vLLM's batch invariance): every key in blocks of
@@ -585,10 +597,11 @@ def deterministic_attention(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array,
     dot_dtype = jnp.bfloat16 if k_pool.dtype == BF16_BITS else jnp.float32
     is_decode = md.q_len == 1
     dec = decode_attention(q, k_pool, v_pool, sharing(md), window,
-                           deterministic=True)  # [B, Hq, Dv]
+                           deterministic=True, soft_cap=soft_cap)  # [B, Hq, Dv]
     ext = _if_extending(md, lambda: extend_attention(
         q, keys, num_kv_heads, v_pool.shape[2],
         md._replace(q_len=jnp.where(is_decode, 0, md.q_len), shared_len=None), window,
-        EXTEND_BLOCK_Q, DETERMINISTIC_BLOCK_K, min_q_len=1, dot_dtype=dot_dtype),
+        EXTEND_BLOCK_Q, DETERMINISTIC_BLOCK_K, min_q_len=1, dot_dtype=dot_dtype,
+        soft_cap=soft_cap),
         (q.shape[0], q.shape[1], v_pool.shape[2]))
     return jnp.where(is_decode[md.token_req][:, None, None], dec[md.token_req], ext)

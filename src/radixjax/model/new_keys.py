@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from radixjax.model.attention import MASK_VALUE, einsum_in
+from radixjax.model.attention import MASK_VALUE, einsum_in, soft_capped
 
 # Tokens per block of the packed axis (BT): half the step's tokens, from 128 to 512
 # (P = 3 pairs up to 1024 tokens, 10 at 2048). SmolLM2 w8a8 + bf16 KV, fresh 512-token
@@ -39,14 +39,16 @@ def block_tokens(num_tokens: int) -> int:
 
 def new_key_carry(q: jax.Array, k: jax.Array, v: jax.Array, same: jax.Array,
                   positions: jax.Array, window: int | None,
-                  dot_dtype: jnp.dtype = jnp.float32, block: int | None = None) -> tuple:
+                  dot_dtype: jnp.dtype = jnp.float32, block: int | None = None,
+                  soft_cap: float | None = None) -> tuple:
     """q [T, Hkv, G, Dk] (scaled), k [T, Hkv, Dk], v [T, Hkv, Dv]: the step's tokens and
     their keys in packed order; same [T] int32: a token's request (tokens see keys of the
     same value at or before them); positions [T] (for the window) -> the online-softmax
     carry of each token over those keys, (m [T, Hkv, G], denom [T, Hkv, G],
     acc [T, Hkv, G, Dv]), to merge with the carry over the cached keys. dot_dtype: the
     two products' operands (bfloat16 beside a bf16 pool, as GPU attention kernels do;
-    f32 accumulation either way); block: BT (default block_tokens(T))."""
+    f32 accumulation either way); block: BT (default block_tokens(T)); soft_cap: the
+    scores' (attention.soft_capped)."""
     num_tokens, num_kv_heads, group, head_dim = q.shape
     v_dim = v.shape[-1]
     bt = block or block_tokens(num_tokens)
@@ -67,7 +69,7 @@ def new_key_carry(q: jax.Array, k: jax.Array, v: jax.Array, same: jax.Array,
     valid &= same[tq][:, :, None] == same[tk][:, None, :]
     if window is not None:
         valid &= positions[tk][:, None, :] > positions[tq][:, :, None] - window
-    s = jnp.where(valid[:, None, None], s, MASK_VALUE)
+    s = jnp.where(valid[:, None, None], soft_capped(s, soft_cap), MASK_VALUE)
     m = s.max(axis=-1)  # [P, Hkv, G, BT]
     p = jnp.exp(s - m[..., None]).astype(dot_dtype)  # the sums below read it as rounded
     acc = einsum_in(dot_dtype, "phgqk,phkd->phgqd", p, vb[pj])  # [P, Hkv, G, BT, Dv]

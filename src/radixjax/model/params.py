@@ -6,7 +6,9 @@ Params are a plain nested dict (a pytree):
      "layers": [ {"attn_norm": [D], "wq": [D, Hq*Dh], "wk": [D, Hkv*Dh], "wv": [D, Hkv*Dh],
                   "wo": [Hq*Dh, D], "mlp_norm": [D],
                   "w_gate": [D, F], "w_up": [D, F],
-                  "w_down": [F, D], optional "bq"/"bk"/"bv"/"bo", "q_norm"/"k_norm" [Dh]} ] }
+                  "w_down": [F, D], optional "bq"/"bk"/"bv"/"bo", "q_norm"/"k_norm" [Dh],
+                  Gemma's "post_attn_norm"/"post_mlp_norm" [D]} ] }
+Gemma's norm weights are stored as (1 + w), the factor the forward multiplies by.
 
 An MoE layer (cfg.is_sparse(i)) has, instead of w_gate/w_up/w_down:
     "router": [D, E], "we_gate": [E, D, Fe], "we_up": [E, D, Fe], "we_down": [E, Fe, D]
@@ -107,6 +109,9 @@ def layer_specs(cfg: ModelConfig, layer: int = 0) -> dict[str, ParamSpec]:
     if cfg.qk_norm:
         specs["q_norm"] = ParamSpec((cfg.head_dim,), ("head_dim",), True)
         specs["k_norm"] = ParamSpec((cfg.head_dim,), ("head_dim",), True)
+    if cfg.gemma_style:  # norms of the attention's and the MLP's outputs too
+        specs["post_attn_norm"] = ParamSpec((d,), ("embed",), True)
+        specs["post_mlp_norm"] = ParamSpec((d,), ("embed",), True)
     return specs
 
 

@@ -176,7 +176,8 @@ def _step(
     input_ids = jnp.where(src.use_last, last_tokens[src.token_row], input_ids)
     hidden, kv = forward_hidden(
         params, kv, input_ids, md, cfg=cfg,
-        backend=get_backend(backend, page_size, deterministic, cpu_decode), layout=layout,
+        backend=get_backend(backend, page_size, deterministic, cpu_decode, cfg.attn_soft_cap),
+        layout=layout,
         mla_absorb=mla_absorb,
     )  # [T, D]
     # the sampling rows: each request's last token, or a verify step's chosen tokens
@@ -238,7 +239,8 @@ def _all_logits(
     table, md = _write_table(table, src, md)
     logits, kv = forward(
         params, kv, input_ids, md, cfg=cfg,
-        backend=get_backend(backend, page_size, deterministic, cpu_decode), all_logits=True,
+        backend=get_backend(backend, page_size, deterministic, cpu_decode, cfg.attn_soft_cap),
+        all_logits=True,
         layout=layout, mla_absorb=mla_absorb,
     )
     return logits, kv, table
@@ -278,12 +280,13 @@ def _resolve_cpu_decode(asked: bool | None, cfg: ModelConfig, backend: str,
     it is built, on the native backend of one CPU device, for the model's heads (not MLA's
     latent pool); asked True where it cannot: ValueError."""
     possible = (backend == "native" and layout is None and cfg.mla is None
+                and cfg.attn_soft_cap is None  # (the handler has no logit cap)
                 and cpu_decode.supports(cfg.head_dim, cfg.head_dim))
     if asked is False or (asked is None and not possible):
         return False
     if not possible:
         raise ValueError("cpu_decode runs on the native backend of one device, for head "
-                         f"dims {cpu_decode.HEAD_DIMS} (not MLA)")
+                         f"dims {cpu_decode.HEAD_DIMS} (not MLA, no logit soft cap)")
     available = cpu_decode.available()
     if asked and not available:
         raise ValueError("cpu_decode: the handler is not built (python -m "
