@@ -17,6 +17,7 @@ from radixjax.runtime.model_runner import ModelRunner, RunnerConfig
 from radixjax.runtime.simple_generate import generate_tokens
 from radixjax.sampling.params import SamplingParams
 from tests.model.gemma3_reference import OUT, TEXTS
+from tests.tiny_models import FAST_COMPILE
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,7 @@ def test_logits_and_greedy_match_hf(gemma3, hf) -> None:
     ids = hf["prompt_ids"].tolist()
     runner = ModelRunner(gemma3.cfg, gemma3.params, RunnerConfig(
         num_slots=256, max_batch_tokens=64, max_running=2, max_context=128,
-        quantization="none", kv_dtype="float32"))
+        quantization="none", kv_dtype="float32", xla_options=FAST_COMPILE))
     slots = np.arange(1, len(ids) + 1, dtype=np.int32)
     ours = runner.all_logits(build_batch([RequestSlice(np.array(ids, np.int32), slots)],
                                          runner.buckets))
