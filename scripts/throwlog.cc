@@ -1,0 +1,37 @@
+// A debugging aid for the test-suite crash of 2026-12-07 (the CI notes of issue 43 / 44
+// and runtime/compile_cache.py): logs every C++ exception thrown in a process
+// (type and what()) to the file named by $THROWLOG (default /tmp/throws.log), then
+// throws it as usual. pytest captures fd 2, so it writes a file.
+//
+//   g++ -O1 -shared -fPIC -o /tmp/throwlog.so scripts/throwlog.cc -ldl
+//   LD_PRELOAD=/tmp/throwlog.so bash .ci/run
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <typeinfo>
+
+extern "C" {
+typedef void (*throw_fn)(void*, std::type_info*, void (*)(void*));
+
+[[noreturn]] void __cxa_throw(void* obj, std::type_info* tinfo, void (*dest)(void*)) {
+  static throw_fn real = (throw_fn)dlsym(RTLD_NEXT, "__cxa_throw");
+  const char* path = getenv("THROWLOG") ? getenv("THROWLOG") : "/tmp/throws.log";
+  const char* name = tinfo ? tinfo->name() : "?";
+  if (FILE* f = fopen(path, "a")) {
+    // the types that derive from std::exception here all name themselves *Error*
+    if (strstr(name, "Error") || strstr(name, "error") || strstr(name, "exception")) {
+      fprintf(f, "[pid %d] %s: %.800s\n", getpid(), name,
+              static_cast<const std::exception*>(obj)->what());
+    } else {
+      fprintf(f, "[pid %d] %s\n", getpid(), name);
+    }
+    fclose(f);
+  }
+  real(obj, tinfo, dest);
+  __builtin_unreachable();
+}
+}
