@@ -15,6 +15,7 @@ import gguf
 import numpy as np
 
 from radixjax.loaders.gguf_reader import GGUFFile, GGUFTensor
+from radixjax.loaders.hf import split_fused
 from radixjax.model.config import ModelConfig, UnsupportedModelError
 from radixjax.model.params import Params, Placer, params_from_numpy
 
@@ -34,11 +35,10 @@ _LAYER_NAMES = {
     "ffn_gate.weight": ("w_gate", True),
     "ffn_up.weight": ("w_up", True),
     "ffn_down.weight": ("w_down", True),
-}
-_LAYER_NAMES.update({  # Gemma 2 / 3 (their norms already hold 1 + w, as ours do)
+    # Gemma 2 / 3 (their norms already hold 1 + w, as ours do)
     "post_attention_norm.weight": ("post_attn_norm", False),
     "post_ffw_norm.weight": ("post_mlp_norm", False),
-})
+}
 # Phi-3: fused [q | k | v] and [gate | up] rows (split into their parts)
 _FUSED_NAMES = {"attn_qkv.weight": ("wq", "wk", "wv"), "ffn_up.weight": ("w_gate", "w_up")}
 _TOP_NAMES = {
@@ -74,15 +74,6 @@ def dequantize(t: GGUFTensor) -> np.ndarray:
             f"(the gguf package has no dequantizer for it)") from e
 
 
-def _split_fused(w: np.ndarray, parts: tuple[str, ...], cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """[O1 + O2 (+ O3), D] -> each part (in, out)."""
-    sizes = ((cfg.q_size, cfg.kv_size, cfg.kv_size) if len(parts) == 3
-             else (cfg.intermediate_size,) * 2)
-    if w.shape[0] != sum(sizes):
-        raise ValueError(f"fused {parts}: {w.shape[0]} rows, expected {sum(sizes)}")
-    return {p: x.T for p, x in zip(parts, np.split(w, np.cumsum(sizes)[:-1]), strict=True)}
-
-
 def load_gguf_params(gf: GGUFFile, cfg: ModelConfig, arch: str, dtype: Any,
                      placer: Placer | None = None) -> Params:
     top: dict[str, np.ndarray] = {}
@@ -92,7 +83,7 @@ def load_gguf_params(gf: GGUFFile, cfg: ModelConfig, arch: str, dtype: Any,
             _, idx, rest = t.name.split(".", 2)
             if arch == "phi3" and rest in _FUSED_NAMES:
                 w = dequantize(t)
-                layers[int(idx)].update(_split_fused(w, _FUSED_NAMES[rest], cfg))
+                layers[int(idx)].update(split_fused(w, _FUSED_NAMES[rest], cfg))
                 continue
             if rest not in _LAYER_NAMES:
                 continue

@@ -142,15 +142,14 @@ def _deinterleave_rope(lw: dict[str, np.ndarray], cfg: ModelConfig) -> None:
                                      axis=1)
 
 
-def _split_fused(name: str, arr: np.ndarray, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """A Phi-3 fused [O1 + O2 (+ O3), D] matrix -> its parts, each (in, out)."""
-    parts = _FUSED_NAMES[name]
+def split_fused(w: np.ndarray, parts: tuple[str, ...], cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """A Phi-3 fused [O1 + O2 (+ O3), D] matrix -> its parts ("wq", "wk", "wv" or
+    "w_gate", "w_up"), each (in, out). The GGUF loader's too."""
     sizes = ((cfg.q_size, cfg.kv_size, cfg.kv_size) if len(parts) == 3
              else (cfg.intermediate_size,) * 2)
-    if arr.shape[0] != sum(sizes):
-        raise ValueError(f"{name}: {arr.shape[0]} rows, expected {sum(sizes)}")
-    pieces = np.split(arr, np.cumsum(sizes)[:-1])
-    return {p: w.T for p, w in zip(parts, pieces, strict=True)}
+    if w.shape[0] != sum(sizes):
+        raise ValueError(f"fused {parts}: {w.shape[0]} rows, expected {sum(sizes)}")
+    return {p: x.T for p, x in zip(parts, np.split(w, np.cumsum(sizes)[:-1]), strict=True)}
 
 
 def _gemma_norms(top: dict[str, np.ndarray], layers: list[dict[str, np.ndarray]]) -> None:
@@ -191,7 +190,7 @@ def load_hf_params(path: Path, cfg: ModelConfig, dtype: Any,
                     continue
                 if m and rest in _FUSED_NAMES:
                     layers[int(m.group(1))].update(
-                        _split_fused(rest, _read(f, flax_f, name), cfg))
+                        split_fused(_read(f, flax_f, name), _FUSED_NAMES[rest], cfg))
                     continue
                 if m and rest in layer_names:
                     ours, transpose = layer_names[rest]

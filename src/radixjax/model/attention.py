@@ -32,12 +32,6 @@ import jax.numpy as jnp
 from jax import lax
 
 MASK_VALUE = -1e30  # finite, so fully masked (padded) rows give a harmless uniform softmax
-
-
-def soft_capped(s: jax.Array, cap: float | None) -> jax.Array:
-    """Scores (already scaled) -> cap * tanh(s / cap) (Gemma 2's attention logit soft
-    cap), applied before the mask; None: s itself."""
-    return s if cap is None else jnp.tanh(s / cap) * cap
 TABLE_ALIGN = 512  # req_to_token rows are a multiple of this wide (every backend's key block)
 
 
@@ -62,6 +56,12 @@ class AttentionMetadata(NamedTuple):
 # there (decode B = 4: 1.09x f32, 1.18x w8a8) and costs every program compile time
 # (~0.4 s per SmolLM2 step program; benchmarks/README.md, shared-prefix attention).
 SHARED_PREFIX_MIN_BATCH = 8
+
+
+def soft_capped(s: jax.Array, cap: float | None) -> jax.Array:
+    """Logits (attention scores already scaled, or the LM head's) -> cap * tanh(s / cap)
+    (Gemma 2's soft caps; scores before the mask); None: s itself."""
+    return s if cap is None else jnp.tanh(s / cap) * cap
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from radixjax.model.attention import AttentionBackend, AttentionMetadata
+from radixjax.model.attention import AttentionBackend, AttentionMetadata, soft_capped
 from radixjax.model.config import ModelConfig
 from radixjax.model.layer_stack import join_resident, layer_groups, split_resident
 from radixjax.model.layers import (
@@ -118,8 +118,7 @@ def lm_head(params: Params, h: jax.Array, cfg: ModelConfig,
             logits = vocab_parallel_head(w, h, layout, _head_rows)
         else:
             logits = _head_rows(w, h)
-    cap = cfg.final_soft_cap  # Gemma 2
-    return logits if cap is None else jnp.tanh(logits / cap) * cap
+    return soft_capped(logits, cfg.final_soft_cap)  # Gemma 2
 
 
 def _embed(params: Params, input_ids: jax.Array, cfg: ModelConfig,
