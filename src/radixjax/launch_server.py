@@ -53,6 +53,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="max new tokens in one prefill step")
     g.add_argument("--chunk-size", type=int, default=512,
                    help="chunked prefill: max tokens of one request per step")
+    g.add_argument("--swa-full-tokens-ratio", type=float, default=None,
+                   help="sliding-window models: the window layers' own KV pool over "
+                        "--num-slots (default: the least that never stalls a step)")
+    g.add_argument("--disable-hybrid-swa-memory", action="store_true",
+                   help="sliding-window models: keep every position's KV in every layer")
     g = p.add_argument_group("scheduling")
     g.add_argument("--policy", choices=POLICIES, default="lpm",
                    help="waiting-queue order: longest cached prefix, DFS weight, or FCFS")
@@ -220,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         args.model, background=False, num_slots=args.num_slots, page_size=args.page_size,
         max_running=args.max_running, max_context=args.context_length,
         max_prefill_tokens=args.max_prefill_tokens, chunk_size=args.chunk_size,
-        policy=args.policy, enable_cache=not args.disable_radix_cache,
+        swa_full_tokens_ratio=args.swa_full_tokens_ratio,
+        disable_hybrid_swa_memory=args.disable_hybrid_swa_memory, policy=args.policy,
+        enable_cache=not args.disable_radix_cache,
         enable_overlap=not args.disable_overlap, enable_mixed=args.enable_mixed,
         dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization,
         attention_backend=args.attention_backend,

@@ -29,7 +29,7 @@ from tests.tiny_models import save_tiny_model
 # repeated (mistral has 1, qwen2 2 of 8), experts replicated, split and one per device;
 # each layout is a compile of its own, so not every family runs every layout.
 DENSE = {"llama": ((2, 1),), "llama3": ((4, 1),), "mistral": ((2, 1), (8, 1)),
-         "qwen2": ((4, 1),), "qwen3": ((2, 1),)}
+         "qwen2": ((4, 1),), "qwen3": ((2, 1),), "gemma3": ((2, 1),)}
 MOE = {"qwen3_moe": ((4, 2), (8, 8)), "mixtral": ((4, 4),)}
 # MLA (heads split, latent pool replicated) and shared experts; a third entry: the EP
 # dispatch ("a2a": all-to-all, else psum)
@@ -178,6 +178,8 @@ def engine_outputs(root: Path, fam: str, layouts, in_memory: tuple[int, int]) ->
             out[key] = [[int(t) for t in o.token_ids]
                         for p in (sp, sampled) for o in e.generate(prompts, p)]
             e.check_integrity()
+            if e.runner.config.window_slots:  # the window layers' own pool
+                out[key + " window"] = e.runner.config.window_slots
             if "dpa" in dispatch:  # tokens cached per DP rank; the pool split by rows
                 out[key + " ranks"] = [s.kvm.tree.total_size() for s in e.scheduler.ranks]
                 pool = e.runner.kv[0]
@@ -233,6 +235,8 @@ def main() -> None:
     if part == "dense":
         result["errors"] = check_logits(root, DENSE)
         result["engine"] = engine_outputs(root, "qwen2", ((1, 1), (4, 1)), (8, 1))
+        # sliding windows, their layers' own KV pool split by heads as the other's
+        result["gemma3 engine"] = engine_outputs(root, "gemma3", ((1, 1),), (2, 1))
         result["pallas"] = pallas_and_errors(root)
         result["collectives"] = step_collectives(root, "llama", 2, 1)
         result["dp attention"] = dp_attention_paths(root)

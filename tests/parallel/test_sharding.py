@@ -118,18 +118,20 @@ def test_params_and_kv_pool_are_sharded(moe) -> None:
 
 
 def test_engine_outputs_equal_across_layouts(dense, moe) -> None:
-    """Greedy, and seeded sampling (temperature, top-k, top-p), token for token: TP, and
-    EP by all-to-all under DP attention (DeepSeek-V3; resharded in memory, as qwen2's
-    tp = 8), against one device. (EP by all-to-all without DP attention: the logits
+    """Greedy, and seeded sampling (temperature, top-k, top-p), token for token: TP
+    (Gemma 3's window layers with a KV pool of their own too), and EP by all-to-all
+    under DP attention (DeepSeek-V3; resharded in memory, as qwen2's tp = 8), against
+    one device. (EP by all-to-all without DP attention: the logits
     checks.)"""
-    for result in (dense, moe):
-        outs = {k: v for k, v in result["engine"].items()
-                if not k.endswith((" ranks", " pool"))}
+    for result in (dense["engine"], dense["gemma3 engine"], moe["engine"]):
+        outs = {k: v for k, v in result.items()
+                if not k.endswith((" ranks", " pool", " window"))}
         ref = outs["tp=1 ep=1"]
         assert ref and all(len(o) > 0 for o in ref)
         for name, got in outs.items():
             assert got == ref, name
     assert "tp=8 ep=8 a2a dpa" in moe["engine"]
+    assert dense["gemma3 engine"]["tp=2 ep=1 window"] > 0
 
 
 def test_dp_attention_ranks_own_their_requests_and_pool_rows(dense, moe) -> None:

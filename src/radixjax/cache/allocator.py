@@ -14,7 +14,7 @@ the tree that frees into it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -46,6 +46,9 @@ class KVSlotAllocator:
         self.num_pages = num_slots // page_size
         self._stack = np.empty(self.num_pages - 1, dtype=np.int64)
         self._is_free = np.zeros(self.num_pages, dtype=bool)
+        # called with the slots of every successful free (cache/window_kv.py: a freed
+        # page gives its window page back)
+        self.on_free: Callable[[np.ndarray], None] | None = None
         self.reset()
 
     # -- sizes (in slots, so they add up with the radix cache's sizes) --------------------
@@ -113,6 +116,8 @@ class KVSlotAllocator:
         self._stack[top : top + pages.size] = pages[::-1]  # so a re-alloc pops them in order
         self._num_free_pages = top + pages.size
         self._is_free[pages] = True
+        if self.on_free is not None:
+            self.on_free(slots)
 
     def reset(self) -> None:
         """Mark every usable page free (pages 1..num_pages-1; page 0 stays reserved)."""

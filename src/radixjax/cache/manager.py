@@ -6,6 +6,10 @@ new request   m = match_and_lock(prompt)            m.slots: cached prefix, now 
 finished      cache_finished(all_tokens, slots, m.last_node)   insert, free dups + tail,
                                                                 unlock
 retracted     release(slots, m.last_node, m.num_tokens)        free private slots, unlock
+
+With a window pool (cache/window_kv.py, sliding-window models) a request also holds a
+WindowClaim: claim_window at admission, advance_window and assign_window before each of
+its steps, given up by cache_finished / release.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from radixjax.cache.allocator import KVSlotAllocator
 from radixjax.cache.errors import OutOfKVSlots, require
 from radixjax.cache.radix_cache import RadixCache, TokenIds
 from radixjax.cache.tree_node import InsertResult, MatchResult, TreeNode
+from radixjax.cache.window_kv import WindowClaim, WindowKV
 
 
 class KVCacheManager:
@@ -33,10 +38,15 @@ class KVCacheManager:
     slots bypasses the `num_held` count.
     """
 
-    def __init__(self, num_slots: int, page_size: int = 1) -> None:
+    def __init__(self, num_slots: int, page_size: int = 1,
+                 window: WindowKV | None = None) -> None:
+        """window: the sliding-window layers' own pool (None: every layer in one)."""
         self.allocator = KVSlotAllocator(num_slots, page_size)
         self.tree = RadixCache(self.allocator)
         self._num_held = 0
+        self.window = window
+        if window is not None:
+            self.allocator.on_free = window.on_full_free
 
     @property
     def page_size(self) -> int:
@@ -57,8 +67,13 @@ class KVCacheManager:
     # -- request lifecycle ----------------------------------------------------------------
 
     def match_and_lock(self, tokens: TokenIds, namespace: Hashable | None = None) -> MatchResult:
-        """`match_prefix` and lock the match until `cache_finished` or `release`."""
+        """`match_prefix` and lock the match until `cache_finished` or `release`. With a
+        window pool: only as far as its window KV lets a request continue."""
         match = self.tree.match_prefix(tokens, namespace)
+        if self.window is not None:
+            usable = self.window.usable_prefix(match.slots)
+            if usable < match.num_tokens:
+                match = self.tree.match_prefix(tokens[:usable], namespace)
         self.tree.inc_lock_ref(match.last_node)
         return match
 
@@ -77,12 +92,62 @@ class KVCacheManager:
         self._num_held += num_slots
         return slots
 
+    # -- a request's window (window pool only) -----------------------------------------------
+
+    def claim_window(self, slots: np.ndarray, num_cached: int) -> WindowClaim | None:
+        """An admitted request's claim: its cached prefix's pages inside its window pinned."""
+        if self.window is None:
+            return None
+        start = self.window.window_start(num_cached)
+        self.window.pin(slots[start:num_cached])
+        return WindowClaim(start, num_cached)
+
+    def advance_window(self, claim: WindowClaim | None, slots: np.ndarray,
+                       num_computed: int) -> None:
+        """Before a request's next step: positions that fell behind its window are given
+        up (its tree pages unpinned, its private pages' window KV freed)."""
+        if claim is None:
+            return
+        start = self.window.window_start(num_computed)
+        if start <= claim.start:
+            return
+        self.window.unpin(slots[claim.start:min(start, claim.pinned_end)])
+        self.window.release(self.window.page_ids(
+            slots[max(claim.start, claim.pinned_end):start]))
+        claim.start = start
+
+    def assign_window(self, slots: np.ndarray) -> np.ndarray | None:
+        """A step's new tokens' window slots (pages lent where they have none)."""
+        if self.window is None:
+            return None
+        self.window.assign(slots, self.tree.iter_nodes())
+        return self.window.window_slots(slots)
+
+    def _drop_window(self, claim: WindowClaim | None, slots: np.ndarray) -> None:
+        if claim is not None:
+            self.window.unpin(slots[claim.start:claim.pinned_end])
+            claim.pinned_end = claim.start
+
+    def _shares_gone_window(self, tokens: np.ndarray, slots: np.ndarray,
+                            claim: WindowClaim | None, namespace: Hashable | None) -> bool:
+        """Whether caching these tokens now would swap slots of the request's window for
+        the tree's copies whose window KV is gone (then it waits until it finishes)."""
+        if claim is None:
+            return False
+        tree_slots = self.tree.match_prefix(tokens, namespace).slots[claim.start:]
+        own = slots[claim.start:claim.start + tree_slots.size]
+        swapped = tree_slots[tree_slots != own]
+        return not self.window.has_window(swapped).all()
+
+    # -- the request's end ---------------------------------------------------------------------
+
     def cache_finished(
         self,
         tokens: TokenIds,
         slots: np.ndarray,
         last_node: TreeNode,
         namespace: Hashable | None = None,
+        claim: WindowClaim | None = None,
     ) -> InsertResult:
         """Finish a request: cache its KV, free what the tree does not keep, unlock.
 
@@ -95,6 +160,7 @@ class KVCacheManager:
         slots = np.asarray(slots, dtype=np.int64)
         if slots.size < tokens.size:
             raise ValueError(f"{tokens.size} tokens but only {slots.size} slots")
+        self._drop_window(claim, slots)
         result = self.tree.insert(tokens, slots[: tokens.size], namespace)
         num_cached = result.num_existing + result.num_inserted
         self.allocator.free(slots[num_cached:])
@@ -111,6 +177,7 @@ class KVCacheManager:
         last_node: TreeNode,
         num_cached: int,
         namespace: Hashable | None = None,
+        claim: WindowClaim | None = None,
     ) -> tuple[np.ndarray, TreeNode, int]:
         """Cache a running request's computed tokens so others can share them now.
 
@@ -118,9 +185,14 @@ class KVCacheManager:
         cached (page-aligned) prefix — where the tree already held other slots for the
         same tokens, the request's duplicates are freed and the tree's are used — then
         the request's private rest. The new last node is locked, the old one unlocked.
+        With a window pool, nothing is cached where that would swap the request's window
+        KV for the tree's copies without it (returned as they were); the tree's pages now
+        inside the request's window are pinned.
         """
         tokens = np.asarray(tokens, dtype=np.int32)
         slots = np.asarray(slots, dtype=np.int64)
+        if self._shares_gone_window(tokens, slots, claim, namespace):
+            return slots, last_node, num_cached
         self.tree.insert(tokens, slots[: tokens.size], namespace)
         match = self.tree.match_prefix(tokens, namespace)
         self.tree.inc_lock_ref(match.last_node)
@@ -128,12 +200,17 @@ class KVCacheManager:
         new_cached = match.slots.size
         # Slots for [num_cached, new_cached) are now the tree's, or were freed as dups.
         self._num_held -= new_cached - num_cached
+        if claim is not None:
+            self.window.pin(match.slots[max(claim.start, claim.pinned_end):new_cached])
+            claim.pinned_end = max(claim.pinned_end, new_cached)
         return np.concatenate([match.slots, slots[new_cached:]]), match.last_node, new_cached
 
-    def release(self, slots: np.ndarray, last_node: TreeNode, num_cached: int) -> None:
+    def release(self, slots: np.ndarray, last_node: TreeNode, num_cached: int,
+                claim: WindowClaim | None = None) -> None:
         """Retract a request without caching it: free its private slots (everything after
         the `num_cached` locked prefix slots) and unlock its prefix."""
         slots = np.asarray(slots, dtype=np.int64)
+        self._drop_window(claim, slots)
         self.allocator.free(slots[num_cached:])
         self.tree.dec_lock_ref(last_node)
         self._num_held -= slots.size - num_cached
@@ -146,6 +223,8 @@ class KVCacheManager:
 
     def check_integrity(self) -> None:
         """Check the allocator, the tree, and that every usable slot is counted once."""
+        if self.window is not None:
+            self.window.check_integrity(self.allocator)
         self.allocator.check_integrity()
         self.tree.check_integrity()
         num_counted = (

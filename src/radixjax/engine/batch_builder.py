@@ -176,6 +176,7 @@ class BatchBuilding:
         r.slots = np.concatenate([cached, new])
         r.num_cached = r.num_computed = cached.size
         r.last_node = last_node
+        r.window = self.kvm.claim_window(r.slots, r.num_cached)
         r.state = ReqState.RUNNING
         r.needs_count_reset = True
         r.row_synced = False
@@ -279,9 +280,9 @@ class BatchBuilding:
         """Free a running request's KV at once (not cached) and requeue it first."""
         assert r.num_pending == 0, "drain the in-flight step before retracting"
         self.running.remove(r)
-        self.kvm.release(r.slots, r.last_node, r.num_cached)
+        self.kvm.release(r.slots, r.last_node, r.num_cached, r.window)
         self.rows.free(r.row)
-        r.row, r.slots, r.last_node = -1, r.slots[:0], None
+        r.row, r.slots, r.last_node, r.window = -1, r.slots[:0], None, None
         r.num_cached = r.num_computed = 0
         r.state = ReqState.WAITING
         r.stats.num_retractions += 1
@@ -295,6 +296,8 @@ class BatchBuilding:
         """num_extend: the leading requests that extend (prefill); the rest decode.
         drafts: a verify step's (each request's draft tokens, fed after its last one)."""
         slices, samples = [], []
+        for r in self.running:  # window KV behind each request's window goes back first
+            self.kvm.advance_window(r.window, r.slots, r.num_computed)
         for i, (r, n) in enumerate(zip(reqs, num_new, strict=True)):
             draft = drafts[i] if drafts is not None else []
             start, end = r.num_computed, r.num_computed + n
@@ -310,7 +313,8 @@ class BatchBuilding:
                 tokens, r.slots[:end], r.row,
                 first_from_device=from_device and n == 1, reset_counts=r.needs_count_reset,
                 count_from=count_from, count_sampled=known_end == r.seq_len,
-                sync_row=not r.row_synced, num_samples=1 + len(draft)))
+                sync_row=not r.row_synced, num_samples=1 + len(draft),
+                window_slots=self.kvm.assign_window(r.slots[start:end])))
             r.needs_count_reset = False
             r.row_synced = True
             samples.append(known_end == r.seq_len)
@@ -338,13 +342,16 @@ class BatchBuilding:
             r.num_computed += n
             if keep:
                 r.num_pending += 1
-            if batch.is_prefill and n > 1 and keep and self.cfg.enable_cache:
+            # (with a window pool every chunk, as SGLang does: a chunk's window KV then
+            # stays cached, the tree's, instead of freed once behind the window)
+            chunk_done = keep or self.kvm.window is not None
+            if batch.is_prefill and n > 1 and chunk_done and self.cfg.enable_cache:
                 # The prefill is complete: share it now (n > 1 samples, in-batch prefix
                 # caching), not only when the request finishes. Steps run in dispatch
                 # order, so a later step reading these slots sees them written.
                 slots, r.last_node, r.num_cached = self.kvm.cache_unfinished(
                     r.all_ids[: r.num_computed], r.slots, r.last_node, r.num_cached,
-                    r.namespace,
+                    r.namespace, r.window,
                 )
                 if not np.array_equal(slots[: r.num_computed], r.slots[: r.num_computed]):
                     r.row_synced = False  # the tree's slots replaced duplicates: re-upload

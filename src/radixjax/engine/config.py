@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from radixjax.cache.window_kv import min_window_slots
 from radixjax.model.forms import ATTENTION_BACKENDS, MOE_DISPATCH, QUANTIZATIONS
 
 POLICIES = ("lpm", "dfs-weight", "fcfs")
@@ -84,6 +85,14 @@ class EngineConfig:
     # n-gram lengths matched against the request's tokens (SGLang's match window sizes)
     speculative_ngram_min_match_window_size: int = 2
     speculative_ngram_max_match_window_size: int = 4
+    # Sliding-window models (Gemma 2 / 3): the window layers keep their KV in a pool of
+    # their own, each position's freed once it falls behind every window that reads it
+    # (SGLang's hybrid SWA memory; cache/window_kv.py). swa_full_tokens_ratio: that
+    # pool's size over num_slots; None: the least that never stalls a step
+    # (window_kv.min_window_slots). disable_hybrid_swa_memory: one pool, every position
+    # kept in every layer
+    swa_full_tokens_ratio: float | None = None
+    disable_hybrid_swa_memory: bool = False
 
     @property
     def max_step_tokens(self) -> int:
@@ -136,9 +145,26 @@ class EngineConfig:
         check(self.speculative_algorithm is None or not self.enable_dp_attention,
               "speculative decoding with DP attention is not supported")
         check(self.speculative_num_draft_tokens >= 1, "speculative_num_draft_tokens must be >= 1")
+        check(self.swa_full_tokens_ratio is None or self.swa_full_tokens_ratio > 0,
+              "swa_full_tokens_ratio must be > 0")
         check(1 <= self.speculative_ngram_min_match_window_size
               <= self.speculative_ngram_max_match_window_size,
               "need 1 <= speculative n-gram min window <= max window")
+
+
+def window_pool_slots(c: EngineConfig, window: int | None, mla: bool = False) -> int:
+    """The sliding-window layers' pool size for a model whose widest window is `window`
+    (0: none; one pool): at least window_kv.min_window_slots, at most num_slots (then
+    the window pool would save nothing). Not with DP attention or disaggregation (their
+    pools and transfers are per layer of one pool)."""
+    if (window is None or mla or c.disable_hybrid_swa_memory or c.enable_dp_attention
+            or c.disaggregation_mode != "null"):
+        return 0
+    least = min_window_slots(window, c.page_size, c.max_running, c.max_step_tokens)
+    if c.swa_full_tokens_ratio is not None:
+        asked = int(c.swa_full_tokens_ratio * c.num_slots)
+        least = max(least, asked - asked % c.page_size)
+    return least if least < c.num_slots else 0
 
 
 class ServingForm(NamedTuple):

@@ -50,7 +50,8 @@ class DraftModel:
         sampled tokens are not used. Dispatched, not waited for."""
         sp = SamplingArrays.build([GREEDY] * host.num_reqs, [0] * host.num_reqs,
                                   host.shape.num_reqs)
-        self.runner.step(host._replace(scores=None), sp, StepOptions())
+        md = host.md._replace(window_out_slots=None)  # (its pool is one: no window pool)
+        self.runner.step(host._replace(scores=None, md=md), sp, StepOptions())
 
     def propose(self, reqs: list[Req], ks: list[int]) -> list[list[int]]:
         """ks[i] greedy draft tokens after each request's tokens (its last one on the

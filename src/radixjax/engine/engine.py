@@ -16,7 +16,13 @@ from typing import Any, TypeVar
 
 import jax
 
-from radixjax.engine.config import EngineConfig, EngineConfigError, serving_form
+from radixjax.cache.manager import KVCacheManager
+from radixjax.engine.config import (
+    EngineConfig,
+    EngineConfigError,
+    serving_form,
+    window_pool_slots,
+)
 from radixjax.engine.dp_attention import DPAttentionScheduler
 from radixjax.engine.draft_model import DraftModel
 from radixjax.engine.errors import EngineError, RequestError
@@ -51,11 +57,13 @@ from radixjax.sampling.params import SamplingParams
 T = TypeVar("T")
 
 
-def runner_config_for(c: EngineConfig, dp_ranks: int = 1, mla: bool = False) -> RunnerConfig:
+def runner_config_for(c: EngineConfig, dp_ranks: int = 1, mla: bool = False,
+                      window: int | None = None) -> RunnerConfig:
     """The runner an engine config needs: token buckets up to the largest step the
     scheduler can emit (`max_step_tokens`), so the warm-up covers every step; its
     numeric form resolved on JAX's default backend for the model (serving_form; mla:
-    an MLA model)."""
+    an MLA model); the sliding-window layers' own pool for a model whose widest window
+    is `window` (window_pool_slots)."""
     if c.enable_deterministic_inference and mla:
         raise EngineConfigError("deterministic inference has no form for MLA attention yet "
                                 "(model/mla.py); leave it unset for an MLA model")
@@ -65,7 +73,7 @@ def runner_config_for(c: EngineConfig, dp_ranks: int = 1, mla: bool = False) -> 
         max_context=c.max_context, attention_backend=c.attention_backend,
         page_size=c.page_size, kv_dtype=form.kv_dtype, dp_ranks=dp_ranks,
         quantization=form.quantization, xla_options=c.xla_options,
-        deterministic=form.deterministic,
+        deterministic=form.deterministic, window_slots=window_pool_slots(c, window, mla),
     )
 
 
@@ -136,7 +144,8 @@ class Engine:
         enable_persistent_cache()
         self.runner = ModelRunner(self.model_config, params,
                                   runner_config_for(self.config, dp_ranks,
-                                                    self.model_config.mla is not None),
+                                                    self.model_config.mla is not None,
+                                                    self.model_config.max_window),
                                   self.layout, device)
         if warmup:
             self.runner.warmup()
@@ -464,6 +473,7 @@ class Engine:
                                     num_late_compiles=self.runner.num_late_compiles,
                                     num_failures=s.num_failures,
                                     num_step_programs=self.runner.num_programs,
+                                    **_window_stats(getattr(s, "kvm", None)),
                                     **(self.disagg.stats() if self.disagg else {}))
         return self._call(snap)
 
@@ -510,6 +520,17 @@ class Engine:
             self.scheduler.flush_cache()
             return True
         return self._call(flush)
+
+
+def _window_stats(kvm: KVCacheManager | None) -> dict[str, float]:
+    """The sliding-window layers' own pool (cache/window_kv.py), where there is one (not
+    with DP attention: its scheduler has a manager per rank, never a window pool)."""
+    window = kvm.window if kvm is not None else None
+    if window is None:
+        return {}
+    usable = window.allocator.num_usable_slots
+    return dict(window_kv_usage=window.num_used_slots() / usable,
+                window_kv_reclaimed=window.num_reclaimed)
 
 
 async def _as_coro(fn: Callable[[], Any]) -> Any:

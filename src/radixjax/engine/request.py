@@ -56,6 +56,7 @@ class Req:
     is_aborted: bool = False
     needs_count_reset: bool = False  # set at admission: the penalty counts start over
     row_synced: bool = False  # the device req_to_token row holds this request's slots
+    window: Any = None  # cache/window_kv.WindowClaim, with a window pool (while RUNNING)
     grammar: Any = None  # grammar/xgr.Matcher of a constrained request (engine/constrained.py)
     draft: Any = None  # engine/speculative.DraftState once the request has drafted
     wants_drafts: bool = False  # drafts likely next step: process its in-flight token first

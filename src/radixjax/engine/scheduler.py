@@ -28,6 +28,7 @@ import numpy as np
 from radixjax.cache.errors import OutOfKVSlots
 from radixjax.cache.manager import KVCacheManager
 from radixjax.cache.req_to_token import ReqToTokenPool
+from radixjax.cache.window_kv import WindowKV
 from radixjax.engine.batch_builder import BatchBuilding
 from radixjax.engine.config import EngineConfig
 from radixjax.engine.constrained import waits_for_host
@@ -77,7 +78,11 @@ class Scheduler(BatchBuilding, ResultProcessing, Supervision):
     def _fresh_accounting(self) -> None:
         """Empty KV accounting: the pool's allocator and radix tree, the table rows."""
         cfg = self.cfg
-        self.kvm = KVCacheManager(cfg.num_slots, cfg.page_size)
+        window = None
+        if self.runner.config.window_slots:  # the sliding-window layers' own pool
+            window = WindowKV(self.runner.cfg.max_window, cfg.num_slots,
+                              self.runner.config.window_slots, cfg.page_size)
+        self.kvm = KVCacheManager(cfg.num_slots, cfg.page_size, window)
         self.rows = ReqToTokenPool(cfg.max_running, cfg.max_context + cfg.page_size)
         self.policy = SchedulePolicy(cfg.policy, self.kvm.tree if cfg.enable_cache else None,
                                      cfg.fcfs_threshold, cfg.in_batch_prefix_min)
@@ -145,11 +150,12 @@ class Scheduler(BatchBuilding, ResultProcessing, Supervision):
         self._export_kv(req, reason)
         if self.cfg.enable_cache:
             tokens = req.all_ids[: req.num_computed]
-            self.kvm.cache_finished(tokens, req.slots, req.last_node, req.namespace)
+            self.kvm.cache_finished(tokens, req.slots, req.last_node, req.namespace,
+                                    req.window)
         else:
-            self.kvm.release(req.slots, req.last_node, req.num_cached)
+            self.kvm.release(req.slots, req.last_node, req.num_cached, req.window)
         self.rows.free(req.row)
-        req.row, req.slots, req.last_node = -1, req.slots[:0], None
+        req.row, req.slots, req.last_node, req.window = -1, req.slots[:0], None, None
         self._mark_finished(req, reason, new, text)
 
     def _mark_finished(self, req: Req, reason: str, new: list[int] = (),
@@ -253,5 +259,11 @@ class Scheduler(BatchBuilding, ResultProcessing, Supervision):
 
     def check_integrity(self) -> None:
         self.kvm.check_integrity()
+        if self.kvm.window is not None:  # the pins are the running requests' claims
+            pins = np.zeros_like(self.kvm.window.pins)
+            for r in self.running:
+                pages = self.kvm.window.page_ids(r.slots[r.window.start:r.window.pinned_end])
+                pins[pages] += 1
+            assert np.array_equal(pins, self.kvm.window.pins), "window pins != claims"
         self.rows.check_integrity()
         assert self.rows.num_free == self.cfg.max_running - len(self.running)

@@ -50,6 +50,11 @@ class AttentionMetadata(NamedTuple):
     # 0: none. The native backend reads those keys once for all of them, in programs of
     # at least SHARED_PREFIX_MIN_BATCH requests (the host leaves smaller steps at 0).
     shared_len: jax.Array | None = None
+    # Sliding-window layers with a pool of their own (cache/window_kv.py): [T] int32 the
+    # window-pool slot each new token's K/V goes to in those layers, and the device map
+    # window_of [S] int32 (full slot -> window slot) the step keeps; None: one pool
+    window_out_slots: jax.Array | None = None
+    window_of: jax.Array | None = None
 
 
 # Steps of fewer requests read every key per request: a shared-prefix pass gains little

@@ -171,6 +171,11 @@ class ModelConfig:
         return self.sparse_layers[layer]
 
     @property
+    def max_window(self) -> int | None:
+        """The widest sliding window of any layer (None: no layer has one)."""
+        return max((w for w in self.sliding_windows if w is not None), default=None)
+
+    @property
     def q_per_kv(self) -> int:
         return self.num_heads // self.num_kv_heads
 

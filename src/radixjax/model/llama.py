@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from radixjax.model.attention import AttentionBackend, AttentionMetadata, soft_capped
 from radixjax.model.config import ModelConfig
@@ -36,24 +37,56 @@ from radixjax.parallel.dp_attention import dp_sharded_attention, shard_tokens
 from radixjax.parallel.rules import Layout
 
 # (k, v), each [L * S, Hkv, Dh]: layer l at rows l*S..; MLA: k is the latent pool
-# [L * S, 1, Rkv + Dr] and v is empty [L * S, 1, 0] (model/mla.py)
+# [L * S, 1, Rkv + Dr] and v is empty [L * S, 1, 0] (model/mla.py). With a window pool
+# of S_w slots (cache/window_kv.py): the full-attention layers first, each S rows, then
+# the sliding-window layers, each S_w rows (layer_bases).
 KVPool = tuple[jax.Array, jax.Array]
 
 
+def layer_bases(cfg: ModelConfig, num_slots: int, window_slots: int = 0) -> np.ndarray:
+    """[L] int: each layer's first pool row. window_slots 0: one pool (layer l at l * S);
+    else the full layers' rows, then the window layers' (S_w rows each)."""
+    if not window_slots:
+        return np.arange(cfg.num_layers) * num_slots
+    is_window = np.array([w is not None for w in cfg.sliding_windows])
+    full_rank = np.cumsum(~is_window) - 1  # each full layer's index among the full ones
+    window_rank = np.cumsum(is_window) - 1
+    num_full = int((~is_window).sum())
+    return np.where(is_window, num_full * num_slots + window_rank * window_slots,
+                    full_rank * num_slots)
+
+
+def pool_rows(cfg: ModelConfig, num_slots: int, window_slots: int = 0) -> int:
+    num_window = sum(w is not None for w in cfg.sliding_windows) if window_slots else 0
+    return (cfg.num_layers - num_window) * num_slots + num_window * window_slots
+
+
 def init_kv_pool(cfg: ModelConfig, num_slots: int, dtype: jnp.dtype,
-                 sharding: jax.sharding.Sharding | None = None) -> KVPool:
-    """num_slots per layer; sharding: where each [L * S, Hkv, Dh] array lives
-    (parallel.kv_sharding)."""
-    rows = cfg.num_layers * num_slots
+                 sharding: jax.sharding.Sharding | None = None,
+                 window_slots: int = 0) -> KVPool:
+    """num_slots per layer (window_slots per sliding-window layer where nonzero);
+    sharding: where each [rows, Hkv, Dh] array lives (parallel.kv_sharding)."""
+    rows = pool_rows(cfg, num_slots, window_slots)
     k_shape = (rows, cfg.num_kv_heads, cfg.head_dim)
     v_shape = (rows, cfg.num_kv_heads, cfg.v_pool_width)
     return (jnp.zeros(k_shape, dtype, device=sharding),
             jnp.zeros(v_shape, dtype, device=sharding))
 
 
-def kv_pool_bytes(cfg: ModelConfig, num_slots: int, dtype: jnp.dtype) -> int:
+def kv_pool_bytes(cfg: ModelConfig, num_slots: int, dtype: jnp.dtype,
+                  window_slots: int = 0) -> int:
     per_slot = cfg.num_kv_heads * (cfg.head_dim + cfg.v_pool_width)
-    return cfg.num_layers * num_slots * per_slot * jnp.dtype(dtype).itemsize
+    return pool_rows(cfg, num_slots, window_slots) * per_slot * jnp.dtype(dtype).itemsize
+
+
+def window_metadata(md: AttentionMetadata) -> AttentionMetadata:
+    """The metadata of the window layers' own pool: each request's row of req_to_token
+    mapped to window slots ([B, C], rows 0..B-1: only this step's), the new tokens'
+    window slots. Positions whose window KV is gone map to the dummy slot 0: they lie
+    outside every window that reads them (masked)."""
+    rows = md.window_of[md.req_to_token[md.req_row]]  # [B, C]
+    return md._replace(req_to_token=rows, out_slots=md.window_out_slots,
+                       req_row=jnp.arange(md.req_row.shape[0], dtype=jnp.int32))
 
 
 def _attention_block(
@@ -166,12 +199,15 @@ def forward_hidden(
     backend: AttentionBackend,
     layout: Layout | None = None,
     mla_absorb: bool = True,
+    window_slots: int = 0,
 ) -> tuple[jax.Array, KVPool]:
     """params: stacked (layer_stack.stack_layers): the layers of each group run in one
     lax.scan.
     Returns (the final-normed hidden state of every token [T, D], new kv pool).
     layout: run sharded (cfg must then be parallel.sharded_config(...) of the model).
-    mla_absorb=False: MLA decodes expanded too (the reference for the absorbed form)."""
+    mla_absorb=False: MLA decodes expanded too (the reference for the absorbed form).
+    window_slots: the sliding-window layers' own pool of that many slots (layer_bases;
+    md then carries window_out_slots and window_of); 0: every layer in one pool."""
     if layout is not None and layout.dp_attention:
         backend = dp_sharded_attention(backend, layout, cfg.num_layers)
     elif layout is not None:
@@ -182,19 +218,25 @@ def forward_hidden(
     # a sliding-window layer's RoPE, where it has a base of its own (Gemma 3)
     local_rope = rope if cfg.local_rope_theta is None else rope_cos_sin(
         md.positions, rope_inv_freq(cfg, local=True), factor)
-    num_slots = kv[0].shape[0] // cfg.num_layers
+    num_window = sum(w is not None for w in cfg.sliding_windows) if window_slots else 0
+    num_full = cfg.num_layers - num_window
+    num_slots = (kv[0].shape[0] - num_window * window_slots) // max(num_full, 1)
+    bases = jnp.asarray(layer_bases(cfg, num_slots, window_slots), jnp.int32)  # [L]
+    md_window = window_metadata(md) if window_slots else md
     for group, weights in zip(layer_groups(cfg), params["groups"], strict=True):
-        cos, sin = local_rope if cfg.sliding_windows[group.start] is not None else rope
+        is_window = cfg.sliding_windows[group.start] is not None
+        cos, sin = local_rope if is_window else rope
+        md_group = md_window if is_window else md
 
         scanned, resident = split_resident(weights)
 
         def layer(carry: tuple, xs: tuple, kind: int = group.start,
                   resident: dict = resident, cos: jax.Array = cos,
-                  sin: jax.Array = sin) -> tuple:
+                  sin: jax.Array = sin, md: AttentionMetadata = md_group) -> tuple:
             x, kv = carry
             lp, i = xs
             lp = join_resident(lp, resident, i - kind)
-            md_i = md._replace(layer_base=i * num_slots)
+            md_i = md._replace(layer_base=bases[i])
             return _decoder_layer(lp, x, kv, md_i, cos, sin, cfg, backend, layout, kind,
                                   mla_absorb), None
 
@@ -219,12 +261,13 @@ def forward(
     all_logits: bool = False,
     layout: Layout | None = None,
     mla_absorb: bool = True,
+    window_slots: int = 0,
 ) -> tuple[jax.Array, KVPool]:
     """forward_hidden, then the LM head. Returns (logits, new kv pool): logits are [B, V]
     at each request's last new token, or [T, V] for every token when `all_logits`
     (parity tests)."""
     x, kv = forward_hidden(params, kv, input_ids, md, cfg=cfg, backend=backend,
-                           layout=layout, mla_absorb=mla_absorb)
+                           layout=layout, mla_absorb=mla_absorb, window_slots=window_slots)
     if not all_logits:
         x = x[last_token_rows(md)]
     return lm_head(params, x, cfg, layout), kv

@@ -95,6 +95,9 @@ class RequestSlice(NamedTuple):
     # row already holds positions 0 .. kv_len-q_len-1 (the step writes the new ones)
     num_samples: int = 1  # sample after each of the last num_samples new tokens (a
     # verify step's k drafts and the token before them: k + 1; engine/speculative.py)
+    # [q_len] int: the new tokens' slots in the sliding-window layers' own pool
+    # (cache/window_kv.py); None: the runner has none
+    window_slots: np.ndarray | None = None
 
 
 class TokenSource(NamedTuple):
@@ -275,6 +278,8 @@ def build_batch(reqs: list[RequestSlice], buckets: Buckets,
     reset_row = np.zeros(b, bool)
     count_sampled = np.zeros(b, bool)
     sample_at = np.full(b, -1, np.int32)
+    window_out = (np.full(t, DUMMY_SLOT, np.int32)
+                  if any(r.window_slots is not None for r in reqs) else None)
     syncs = []
     start = 0
     for i, (r, q, k) in enumerate(zip(reqs, q_lens, kv_lens, strict=True)):
@@ -282,6 +287,8 @@ def build_batch(reqs: list[RequestSlice], buckets: Buckets,
         input_ids[start:end] = r.new_tokens
         positions[start:end] = np.arange(k - q, k)
         out_slots[start:end] = r.kv_slots[k - q :]
+        if window_out is not None:
+            window_out[start:end] = r.window_slots
         token_req[start:end] = i
         q_start[i], q_len[i], kv_len[i] = start, q, k
         if r.sync_row and k > q:
@@ -301,7 +308,7 @@ def build_batch(reqs: list[RequestSlice], buckets: Buckets,
     if b >= SHARED_PREFIX_MIN_BATCH:  # (smaller programs have no shared-prefix pass)
         shared_len[: len(reqs)] = shared_prefix_lens(reqs, shape.num_tokens, prefix_memo)
     md = AttentionMetadata(positions, out_slots, token_req, q_start, q_len, kv_len, req_row,
-                           None, shared_len=shared_len)
+                           None, shared_len=shared_len, window_out_slots=window_out)
     src = TokenSource(use_last, token_row, req_row, count_input, reset_row, count_sampled,
                       sample_at)
     return HostBatch(input_ids, md, shape, len(reqs), src, tuple(syncs))

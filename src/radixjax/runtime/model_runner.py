@@ -98,6 +98,9 @@ class RunnerConfig:
     # `compiler_options` (e.g. ("xla_backend_optimization_level", 0) compiles ~45 %
     # faster and runs far slower: the test suite's tiny models). (): XLA's defaults.
     xla_options: tuple[tuple[str, Any], ...] = ()
+    # the sliding-window layers' own pool (cache/window_kv.py), in slots including the
+    # dummy page; 0: every layer keeps every position's KV in the one pool
+    window_slots: int = 0
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in DTYPES:
@@ -108,6 +111,8 @@ class RunnerConfig:
             raise ValueError("num_slots must be >= 2 (slot 0 is the padding dummy)")
         if self.page_size < 1 or self.num_slots % self.page_size:
             raise ValueError("num_slots must be a positive multiple of page_size")
+        if self.window_slots and (self.window_slots % self.page_size or self.dp_ranks != 1):
+            raise ValueError("window_slots: a multiple of page_size, without DP attention")
         resolve_backend_name(self.attention_backend)
 
     @property
@@ -165,12 +170,12 @@ STEP_WIRE_TYPES = (HostBatch, AttentionMetadata, BatchShape, TokenSource, Prompt
 
 
 def _step(
-    params: Params, kv: KVPool, table: jax.Array, last_tokens: jax.Array, counts: jax.Array,
+    params: Params, kv: KVPool, table: Tables, last_tokens: jax.Array, counts: jax.Array,
     input_ids: jax.Array, src: TokenSource, scores: PromptScores, md: AttentionMetadata,
     sp: SamplingArrays, token_mask: jax.Array, flags: StepFlags, *,
     cfg: ModelConfig, backend: str, page_size: int, layout: Layout | None, mla_absorb: bool,
-    deterministic: bool, cpu_decode: bool,
-) -> tuple[StepOutput, KVPool, jax.Array, jax.Array, jax.Array]:
+    deterministic: bool, cpu_decode: bool, window_slots: int,
+) -> tuple[StepOutput, KVPool, Tables, jax.Array, jax.Array]:
     """token_mask: [B, ceil(V / 32)] int32 grammar bitmask (all ones: unconstrained)."""
     table, md = _write_table(table, src, md)
     input_ids = jnp.where(src.use_last, last_tokens[src.token_row], input_ids)
@@ -179,6 +184,7 @@ def _step(
         backend=get_backend(backend, page_size, deterministic, cpu_decode, cfg.attn_soft_cap),
         layout=layout,
         mla_absorb=mla_absorb,
+        window_slots=window_slots,
     )  # [T, D]
     # the sampling rows: each request's last token, or a verify step's chosen tokens
     at = jnp.where(src.sample_at >= 0, src.sample_at, last_token_rows(md))  # [B]
@@ -208,10 +214,10 @@ def _step(
 
 
 def _packed_step(
-    params: Params, kv: KVPool, table: jax.Array, last_tokens: jax.Array, counts: jax.Array,
+    params: Params, kv: KVPool, table: Tables, last_tokens: jax.Array, counts: jax.Array,
     ints: jax.Array, floats: jax.Array, token_mask: jax.Array, *, packing: Packing,
     **statics: Any,
-) -> tuple[StepOutput, KVPool, jax.Array, jax.Array, jax.Array]:
+) -> tuple[StepOutput, KVPool, Tables, jax.Array, jax.Array]:
     """_step with its host inputs (ids, sources, scores, metadata, sampling, flags) in the
     two buffers of runtime/packed_inputs.py."""
     input_ids, src, scores, md, sp, flags = unpack((ints, floats), packing)
@@ -219,29 +225,45 @@ def _packed_step(
                  token_mask, flags, **statics)
 
 
-def _write_table(table: jax.Array, src: TokenSource,
-                 md: AttentionMetadata) -> tuple[jax.Array, AttentionMetadata]:
-    """The new tokens' slots into their rows of req_to_token (padding: the spare row)."""
-    table = table.at[src.token_row, md.positions].set(md.out_slots)
-    return table, md._replace(req_to_token=table)
+class Tables(NamedTuple):
+    """The step's device tables (donated, replaced by each step)."""
+
+    req_to_token: jax.Array  # [R, C] int32: each request row's slot per position
+    # [S] int32, full slot -> window-pool slot (RunnerConfig.window_slots; else [1]): each
+    # step writes its new tokens' entries (cache/window_kv.py keeps the host's)
+    window_of: jax.Array
 
 
-def _sync_row(table: jax.Array, row: jax.Array, slots: jax.Array) -> jax.Array:
-    """table [R, C], row [] int32, slots [C] int32 -> table with that row replaced."""
-    return lax.dynamic_update_slice(table, slots[None, :], (row, 0))
+def _write_table(table: Tables, src: TokenSource,
+                 md: AttentionMetadata) -> tuple[Tables, AttentionMetadata]:
+    """The new tokens' slots into their rows of req_to_token (padding: the spare row),
+    and their window slots into window_of (padding: the dummy's own entry)."""
+    req_to_token = table.req_to_token.at[src.token_row, md.positions].set(md.out_slots)
+    window_of = table.window_of
+    if md.window_out_slots is not None:
+        window_of = window_of.at[md.out_slots].set(md.window_out_slots)
+    return Tables(req_to_token, window_of), md._replace(req_to_token=req_to_token,
+                                                        window_of=window_of)
+
+
+def _sync_row(table: Tables, row: jax.Array, slots: jax.Array) -> Tables:
+    """req_to_token [R, C], row [] int32, slots [C] int32 -> that row replaced."""
+    return table._replace(req_to_token=lax.dynamic_update_slice(
+        table.req_to_token, slots[None, :], (row, 0)))
 
 
 def _all_logits(
-    params: Params, kv: KVPool, table: jax.Array, input_ids: jax.Array, src: TokenSource,
+    params: Params, kv: KVPool, table: Tables, input_ids: jax.Array, src: TokenSource,
     md: AttentionMetadata, *, cfg: ModelConfig, backend: str, page_size: int,
     layout: Layout | None, mla_absorb: bool, deterministic: bool, cpu_decode: bool,
-) -> tuple[jax.Array, KVPool, jax.Array]:
+    window_slots: int,
+) -> tuple[jax.Array, KVPool, Tables]:
     table, md = _write_table(table, src, md)
     logits, kv = forward(
         params, kv, input_ids, md, cfg=cfg,
         backend=get_backend(backend, page_size, deterministic, cpu_decode, cfg.attn_soft_cap),
         all_logits=True,
-        layout=layout, mla_absorb=mla_absorb,
+        layout=layout, mla_absorb=mla_absorb, window_slots=window_slots,
     )
     return logits, kv, table
 
@@ -250,21 +272,23 @@ def _all_logits(
 def _jitted(cfg: ModelConfig, backend: str, page_size: int, layout: Layout | None,
             pool_sharding: jax.sharding.Sharding | None, mla_absorb: bool = True,
             xla_options: tuple[tuple[str, Any], ...] = (), deterministic: bool = False,
-            cpu_decode: bool = False) -> tuple:
+            cpu_decode: bool = False, window_slots: int = 0) -> tuple:
     """(step, all_logits, sync_row) jitted for these statics. Memoized: runners with equal
     statics share the jitted functions, so JAX's in-memory caches (trace, lowering,
     executable) serve a second runner in this process without tracing or loading again
     (an engine restarted in a notebook, the test suite's many engines)."""
     statics = dict(cfg=cfg, backend=backend, page_size=page_size, layout=layout,
-                   mla_absorb=mla_absorb, deterministic=deterministic, cpu_decode=cpu_decode)
+                   mla_absorb=mla_absorb, deterministic=deterministic, cpu_decode=cpu_decode,
+                   window_slots=window_slots)
     # Sharded: pin where the state comes back (as it went in), or XLA may return, say,
     # the counts split like the vocab-sharded logits and the next step's program would
     # refuse them.
     step_out, logits_out = {}, {}
     if layout is not None:
         rep = layout.replicated
-        step_out = dict(out_shardings=(rep, pool_sharding, rep, rep, rep))
-        logits_out = dict(out_shardings=(rep, pool_sharding, rep))
+        tables = Tables(rep, rep)
+        step_out = dict(out_shardings=(rep, pool_sharding, tables, rep, rep))
+        logits_out = dict(out_shardings=(rep, pool_sharding, tables))
     options = dict(compiler_options=dict(xla_options) or None)
     step = jax.jit(partial(_packed_step, **statics), **step_out, **options,
                    static_argnames="packing",
@@ -340,7 +364,8 @@ class ModelRunner:
         self.reset_state()
         self._step, self._logits, self._sync = _jitted(
             self.run_cfg, self.attention_backend, config.page_size, layout, pool_sharding,
-            config.mla_absorb, config.xla_options, config.deterministic, self.cpu_decode)
+            config.mla_absorb, config.xla_options, config.deterministic, self.cpu_decode,
+            config.window_slots)
         self._no_mask: dict[int, jax.Array] = {}  # all-ones grammar mask per B, on device
         self.programs = StepPrograms(self._step, self._example_args)
 
@@ -350,12 +375,15 @@ class ModelRunner:
         consumed its donated buffers)."""
         config = self.config
         self.kv: KVPool = init_kv_pool(self.run_cfg, config.pool_slots,
-                                       self.pool_dtype, self._pool_sharding)
+                                       self.pool_dtype, self._pool_sharding,
+                                       config.window_slots)
         rows = config.num_rows
         # req_to_token on the device ([rows, table_width] int32): each step writes its new
         # tokens' slots; a row is uploaded whole only when a batch says so (row_syncs).
-        self.req_to_token = jnp.zeros((rows, config.table_width), jnp.int32,
-                                      device=self._inputs)
+        self.tables = Tables(
+            jnp.zeros((rows, config.table_width), jnp.int32, device=self._inputs),
+            jnp.zeros(config.pool_slots if config.window_slots else 1, jnp.int32,
+                      device=self._inputs))
         # The future map: last sampled token per request row ([rows] int32).
         self.last_tokens = jnp.zeros(rows, jnp.int32, device=self._inputs)
         # Output-token counts per request row, for penalties ([rows, V] int32).
@@ -365,7 +393,7 @@ class ModelRunner:
     # -- the step programs ----------------------------------------------------------------
 
     def _example_args(self, shape: BatchShape) -> tuple[tuple, Packing]:
-        batch = _padding_batch(shape, self.config.max_running)
+        batch = self._window_padding(_padding_batch(shape, self.config.max_running))
         return self._args(batch, SamplingArrays.build([], [], shape.num_reqs),
                           StepOptions(), None)
 
@@ -377,7 +405,7 @@ class ModelRunner:
                                  opts.flags()))
         if self.layout is not None:  # on one device the program takes numpy arrays as they
             buffers = self._put(buffers)  # are (~0.3 ms a step less than device_put)
-        return (self.params, self.kv, self.req_to_token, self.last_tokens, self.token_counts,
+        return (self.params, self.kv, self.tables, self.last_tokens, self.token_counts,
                 *buffers, self._mask_for(batch, token_mask)), packing
 
     def _put(self, tree: Any) -> Any:
@@ -415,8 +443,7 @@ class ModelRunner:
                 raise ValueError(f"a request of {slots.size} positions exceeds the table")
             padded = np.zeros(width, np.int32)
             padded[: slots.size] = slots
-            self.req_to_token = self._sync(self.req_to_token,
-                                           *self._put((np.int32(row), padded)))
+            self.tables = self._sync(self.tables, *self._put((np.int32(row), padded)))
 
     def _mask_for(self, batch: HostBatch, token_mask: np.ndarray | None) -> jax.Array:
         b = batch.shape.num_reqs
@@ -441,11 +468,21 @@ class ModelRunner:
             raise ValueError("opts.prompt_logprobs goes with batch.scores, and only with it")
         if int(batch.md.kv_len.max()) > self.config.max_context:
             raise ValueError(f"a request exceeds max_context {self.config.max_context}")
+        if bool(self.config.window_slots) != (batch.md.window_out_slots is not None):
+            raise ValueError("a runner with a window pool takes window_out_slots, and only it")
         self._sync_rows(batch)
         args, packing = self._args(batch, sp, opts, token_mask)
         program = self.programs.get(batch.shape, packing)
-        out, self.kv, self.req_to_token, self.last_tokens, self.token_counts = program(*args)
+        out, self.kv, self.tables, self.last_tokens, self.token_counts = program(*args)
         return out
+
+    def _window_padding(self, batch: HostBatch) -> HostBatch:
+        """A batch that writes nothing real (warm-up, timing) on a runner with a window
+        pool: its tokens' window slots, the dummy."""
+        if not self.config.window_slots or batch.md.window_out_slots is not None:
+            return batch
+        dummy = np.full(batch.shape.num_tokens, DUMMY_SLOT, np.int32)
+        return batch._replace(md=batch.md._replace(window_out_slots=dummy))
 
     def time_buckets(self, max_tokens: int, context: int = 512,
                      repeats: int = 7) -> dict[int, float]:
@@ -455,8 +492,9 @@ class ModelRunner:
         round: this VM's speed drifts between seconds, so timing one bucket after the
         other once made a 4-token step look as cheap as a 1-token one (1.01x; it costs
         1.2-1.8x)."""
-        batches = {t: _timing_batch(t, min(context, self.config.max_context - t), self.buckets)
-                   for t in self.buckets.tokens if t <= max_tokens}
+        batches = {t: self._window_padding(_timing_batch(
+            t, min(context, self.config.max_context - t), self.buckets))
+            for t in self.buckets.tokens if t <= max_tokens}
         seconds: dict[int, list[float]] = {t: [] for t in batches}
         for _ in range(repeats):
             for t, batch in batches.items():
@@ -471,8 +509,8 @@ class ModelRunner:
         """[real tokens, V] logits of every new token (tests and prompt logprobs)."""
         self._sync_rows(batch)
         ids, src, md = self._put((batch.input_ids, batch.src, batch.md))
-        logits, self.kv, self.req_to_token = self._logits(
-            self.params, self.kv, self.req_to_token, ids, src, md)
+        logits, self.kv, self.tables = self._logits(
+            self.params, self.kv, self.tables, ids, src, md)
         num_real = int(batch.md.q_len.sum())
         return np.asarray(logits[:num_real])
 
