@@ -6,6 +6,7 @@
 //   g++ -O1 -shared -fPIC -o /tmp/throwlog.so scripts/throwlog.cc -ldl
 //   LD_PRELOAD=/tmp/throwlog.so bash .ci/run
 #include <dlfcn.h>
+#include <execinfo.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -28,6 +29,12 @@ typedef void (*throw_fn)(void*, std::type_info*, void (*)(void*));
               static_cast<const std::exception*>(obj)->what());
     } else {
       fprintf(f, "[pid %d] %s\n", getpid(), name);
+    }
+    if (getenv("THROWLOG_STACK")) {  // the native frames that threw (set it to look)
+      void* frames[24];
+      int n = backtrace(frames, 24);
+      fflush(f);
+      backtrace_symbols_fd(frames, n, fileno(f));
     }
     fclose(f);
   }

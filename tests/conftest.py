@@ -15,6 +15,11 @@ os.environ.setdefault(
 )
 os.environ["RADIXJAX_JAX_CACHE_READ_ONLY_PID"] = str(os.getpid())
 
+from tests import jit_frames  # noqa: E402
+
+# before anything imports jaxlib (tests/native/no_jit_frames.c says why)
+JIT_FRAMES_STUB = jit_frames.install()
+
 import pytest  # noqa: E402
 
 from tests.tiny_models import FAMILIES, save_tiny_model  # noqa: E402
