@@ -57,8 +57,7 @@ class NullRunner:
     no device work; every sampled token is 1. Records each step's shape."""
 
     def __init__(self, cfg: EngineConfig) -> None:
-        self.config = runner_config_for(cfg)  # (no window pool)
-        self.buckets = self.config.buckets
+        self.buckets = runner_config_for(cfg).buckets
         self.shapes: set[BatchShape] = set()
 
     def step(self, batch: HostBatch, sp: SamplingArrays, opts: StepOptions,

@@ -24,7 +24,7 @@ from radixjax.engine.config import EngineConfig
 from radixjax.engine.request import Req
 from radixjax.engine.scheduler import Scheduler
 from radixjax.runtime.batch import Buckets, HostBatch
-from radixjax.runtime.model_runner import RunnerConfig, StepOutput
+from radixjax.runtime.model_runner import StepOutput
 from radixjax.runtime.prompt_logprobs import PromptLogprobs
 from radixjax.sampling.params import SamplingParams
 from radixjax.sampling.sampler import SampleOutput
@@ -41,8 +41,6 @@ class InstantRunner:
 
     def __init__(self, cfg: EngineConfig) -> None:
         self.buckets = Buckets.default(cfg.max_prefill_tokens, cfg.max_running)
-        self.config = RunnerConfig(max_batch_tokens=cfg.max_prefill_tokens,
-                                   max_running=cfg.max_running)  # (no window pool)
         self.cfg = FakeModelConfig(vocab_size=1000)
 
     def dispatches_at_once(self, shape) -> bool:

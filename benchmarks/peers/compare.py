@@ -51,6 +51,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--num-requests", type=int, default=None)
     p.add_argument("--max-duration", type=float, default=120.0,
                    help="per timed run: stop starting requests after this many seconds")
+    p.add_argument("--model", default=None, help="a GGUF path or packaged name (e.g. "
+                   "gemma3-270m) for ours and llama.cpp; default: SmolLM2")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rounds", type=int, default=1,
                    help="passes over the servers, alternating their order; medians reported")
@@ -71,7 +73,7 @@ def cell_argv(args: argparse.Namespace, url: str, workload: str, concurrency: in
 
 
 def run_server(name: str, args: argparse.Namespace, tok: Any) -> dict[str, Any]:
-    spec = server_specs(max(args.concurrency))[name]
+    spec = server_specs(max(args.concurrency), model=args.model)[name]
     print(f"--- starting {name}: {' '.join(spec.command)}", flush=True)
     server = RunningServer(spec, args.out / f"{name}.log")
     cells: dict[str, Any] = {"startup_s": server.startup_s}

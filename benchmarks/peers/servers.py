@@ -14,6 +14,8 @@ from pathlib import Path
 
 import httpx
 
+from radixjax.loaders import resolve_model_path
+
 PEERS = Path(__file__).resolve().parent
 REPO = PEERS.parents[1]
 
@@ -34,10 +36,14 @@ class ServerSpec:
         return f"http://127.0.0.1:{self.port}"
 
 
-def server_specs(parallel: int, base_port: int = 30100) -> dict[str, ServerSpec]:
+def server_specs(parallel: int, base_port: int = 30100,
+                 model: str | None = None) -> dict[str, ServerSpec]:
+    """model: a GGUF path or a packaged name (loaders.resolve_model_path) every server
+    loads; None: the default SmolLM2 (the HF peer always serves its own)."""
     py = sys.executable
     ours = (py, "-m", "radixjax.launch_server", "--host", "127.0.0.1", "--max-running",
-            str(max(parallel, 16)))
+            str(max(parallel, 16)), *(("--model", model) if model else ()))
+    gguf = () if model is None else ("--model", str(resolve_model_path(model)))
     return {
         # the default form (EngineConfig's "auto": w8a16_int8, bf16 KV, deterministic)
         "ours": ServerSpec("ours", (*ours, "--port", str(base_port)), base_port),
@@ -74,7 +80,7 @@ def server_specs(parallel: int, base_port: int = 30100) -> dict[str, ServerSpec]
             "--enable-mixed"), base_port + 4),
         "llama.cpp": ServerSpec("llama.cpp", ("bash", str(PEERS / "start_llama_server.sh"),
                                               "--port", str(base_port + 1), "--parallel",
-                                              str(parallel)), base_port + 1),
+                                              str(parallel), *gguf), base_port + 1),
         "hf": ServerSpec("hf", (py, str(PEERS / "hf_server.py"), "--port",
                                 str(base_port + 2)), base_port + 2, warmup_requests="2"),
     }

@@ -2,7 +2,7 @@
 # Start llama.cpp's llama-server (built by install_llama_cpp.sh) on loopback, on the same
 # SmolLM2 GGUF as ours, in the foreground:
 #   bash benchmarks/peers/start_llama_server.sh [--port 30001] [--parallel 16] [--ctx-per-slot 1024]
-#                                              [--chat-template-file F]
+#                                              [--chat-template-file F] [--model GGUF]
 # -fa off: flash attention halved its decode on this CPU (measured at 800-token context);
 # --parallel N slots = continuous batching of N requests; -c is the total context
 # (N x ctx-per-slot); --jinja renders chat with the GGUF's own chat template, as ours does.
@@ -19,6 +19,7 @@ while [ $# -gt 0 ]; do
     --parallel) parallel="$2"; shift 2 ;;
     --ctx-per-slot) ctx_per_slot="$2"; shift 2 ;;
     --chat-template-file) extra+=(--chat-template-file "$2"); shift 2 ;;
+    --model) MODEL="$2"; shift 2 ;;
     -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac

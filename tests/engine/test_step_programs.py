@@ -28,8 +28,7 @@ class NullRunner:
     """What the Scheduler touches of a ModelRunner, without a device: random tokens."""
 
     def __init__(self, cfg: EngineConfig, seed: int) -> None:
-        self.config = runner_config_for(cfg)  # (no window pool)
-        self.buckets = self.config.buckets
+        self.buckets = runner_config_for(cfg).buckets
         self.shapes: list[BatchShape] = []
         self.rng = np.random.default_rng(seed)
 

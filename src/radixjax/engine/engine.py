@@ -164,7 +164,8 @@ class Engine:
         self.eos_token_ids = eos
         self.scheduler: Scheduler | DPAttentionScheduler = (
             DPAttentionScheduler(dp_ranks, self.runner, self.config, eos, self.tokenizer)
-            if dp_ranks > 1 else Scheduler(self.runner, self.config, eos, self.tokenizer))
+            if dp_ranks > 1 else Scheduler(self.runner, self.config, eos, self.tokenizer,
+                                           self._window_pool()))
         if self.config.speculative_algorithm == "standalone":
             self.scheduler.drafter = self._draft_model(draft_params, draft_model_config,
                                                        device, warmup)
@@ -463,6 +464,11 @@ class Engine:
         if warmup:
             runner.warmup()
         return DraftModel(runner)
+
+    def _window_pool(self) -> tuple[int, int] | None:
+        """(widest window, window pool slots) where the runner has a window pool."""
+        slots = self.runner.config.window_slots
+        return (self.model_config.max_window, slots) if slots else None
 
     def stats(self) -> dict[str, float]:
         def snap() -> dict[str, float]:

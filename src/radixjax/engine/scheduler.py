@@ -51,9 +51,13 @@ class Scheduler(BatchBuilding, ResultProcessing, Supervision):
     only from the loop that runs `run_forever` (or drive `run_once` by hand)."""
 
     def __init__(self, runner: ModelRunner, cfg: EngineConfig,
-                 eos_token_ids: tuple[int, ...], tokenizer: Any = None) -> None:
-        """tokenizer: the output stage's (text and stop strings); None: token ids only."""
+                 eos_token_ids: tuple[int, ...], tokenizer: Any = None,
+                 window_pool: tuple[int, int] | None = None) -> None:
+        """tokenizer: the output stage's (text and stop strings); None: token ids only.
+        window_pool: (the model's widest window, the window layers' pool slots) where the
+        runner keeps them a pool of their own (RunnerConfig.window_slots)."""
         self.runner = runner
+        self.window_pool = window_pool
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.eos_token_ids = eos_token_ids
@@ -79,9 +83,9 @@ class Scheduler(BatchBuilding, ResultProcessing, Supervision):
         """Empty KV accounting: the pool's allocator and radix tree, the table rows."""
         cfg = self.cfg
         window = None
-        if self.runner.config.window_slots:  # the sliding-window layers' own pool
-            window = WindowKV(self.runner.cfg.max_window, cfg.num_slots,
-                              self.runner.config.window_slots, cfg.page_size)
+        if self.window_pool is not None:  # the sliding-window layers' own pool
+            window = WindowKV(self.window_pool[0], cfg.num_slots, self.window_pool[1],
+                              cfg.page_size)
         self.kvm = KVCacheManager(cfg.num_slots, cfg.page_size, window)
         self.rows = ReqToTokenPool(cfg.max_running, cfg.max_context + cfg.page_size)
         self.policy = SchedulePolicy(cfg.policy, self.kvm.tree if cfg.enable_cache else None,
