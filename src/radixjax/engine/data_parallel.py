@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,6 +33,7 @@ from radixjax.engine.dp_router import DPRouter
 from radixjax.engine.errors import RequestError
 from radixjax.engine.inputs import Prompt, batch_inputs, final_output
 from radixjax.engine.output import GenerateOutput, StreamChunk
+from radixjax.engine.snapshot import MAX_NODES
 from radixjax.loaders import load_model
 from radixjax.model.config import ModelConfig
 from radixjax.model.params import Params
@@ -200,6 +202,11 @@ class DataParallelEngine:
         self.shutdown()
 
     # -- introspection ----------------------------------------------------------------------
+
+    def snapshot(self, max_nodes: int = MAX_NODES) -> dict[str, Any]:
+        """Each replica's Engine.snapshot (`replicas`), with the summed stats."""
+        return dict(time=time.time(), stats=self.stats(),
+                    replicas=[r.snapshot(max_nodes) for r in self.replicas])
 
     def stats(self) -> dict[str, Any]:
         """Summed counters, KV usage averaged, the hit rate over all replicas, and

@@ -9,6 +9,7 @@ import concurrent.futures
 import itertools
 import secrets
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +32,7 @@ from radixjax.engine.inputs import Prompt, batch_inputs, final_output
 from radixjax.engine.output import GenerateOutput, StreamChunk
 from radixjax.engine.request import Req
 from radixjax.engine.scheduler import Scheduler
+from radixjax.engine.snapshot import MAX_NODES, scheduler_snapshot
 from radixjax.engine.speculative import StepCosts
 from radixjax.grammar.backend import GrammarBackend, GrammarError
 from radixjax.loaders import load_model
@@ -465,6 +467,26 @@ class Engine:
             runner.warmup()
         return DraftModel(runner)
 
+    def snapshot(self, max_nodes: int = MAX_NODES) -> dict[str, Any]:
+        """The engine's state as JSON-ready data, taken between two steps (what the
+        server's /dashboard draws; engine/snapshot.py): the radix tree's max_nodes
+        largest nodes, the running and waiting requests, the KV pool, the step programs
+        and the stats; under DP attention a part per rank (`ranks`)."""
+        def snap() -> dict[str, Any]:
+            s = self.scheduler
+            ranks = getattr(s, "ranks", None)
+            parts = [scheduler_snapshot(r, self.tokenizer, max_nodes) for r in ranks or [s]]
+            out: dict[str, Any] = parts[0] if ranks is None else dict(ranks=parts)
+            c = self.config
+            out.update(time=time.time(), stats=self.stats(),
+                       programs=dict(compiled=self.runner.num_programs,
+                                     late_compiles=self.runner.num_late_compiles,
+                                     warm=self.runner.is_warm),
+                       limits=dict(num_slots=c.num_slots, page_size=c.page_size,
+                                   max_running=c.max_running, max_context=c.max_context))
+            return out
+        return self._call(snap)
+
     def _window_pool(self) -> tuple[int, int] | None:
         """(widest window, window pool slots) where the runner has a window pool."""
         slots = self.runner.config.window_slots
@@ -475,7 +497,7 @@ class Engine:
             s = self.scheduler
             used, usable, held = s.kv_usage()
             return s.stats.snapshot(num_running=len(s.running), num_waiting=len(s.waiting),
-                                    kv_usage=used / usable, kv_held=held,
+                                    kv_usage=used / usable, kv_held=held, kv_usable=usable,
                                     num_late_compiles=self.runner.num_late_compiles,
                                     num_failures=s.num_failures,
                                     num_step_programs=self.runner.num_programs,

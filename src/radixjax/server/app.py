@@ -5,6 +5,7 @@ they share (server/context.py).
     server/openai_routes.py   /v1/models, /v1/completions, /v1/chat/completions
     server/native_routes.py   SGLang's /generate, /abort_request, /get_model_info, /get_load
     server/admin_routes.py    /health, /metrics, /get_server_info, /flush_cache, /debug/*
+    server/dashboard_routes.py  /dashboard (the live page) and /dashboard/data
     server/disagg_routes.py   a prefill server's /disagg/fetch and /disagg/abort
 """
 
@@ -22,6 +23,7 @@ from radixjax.api.errors import APIError
 from radixjax.engine.engine import Engine
 from radixjax.server.admin_routes import admin_routes
 from radixjax.server.context import ClientGone, ServerConfig, ServerContext
+from radixjax.server.dashboard_routes import dashboard_routes
 from radixjax.server.disagg_routes import disagg_routes
 from radixjax.server.native_routes import native_routes
 from radixjax.server.openai_routes import openai_routes
@@ -55,7 +57,7 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
             await engine.stop()
 
     routes = [*openai_routes(ctx), *native_routes(ctx), *admin_routes(ctx),
-              *disagg_routes(ctx)]
+              *dashboard_routes(ctx), *disagg_routes(ctx)]
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         APIError: api_error, HTTPException: http_error, ClientGone: client_gone,
         Exception: internal_error})
