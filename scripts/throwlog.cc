@@ -1,7 +1,8 @@
-// A debugging aid for the test-suite crash of 2026-12-07 (the CI notes of issue 43 / 44
-// and runtime/compile_cache.py): logs every C++ exception thrown in a process
-// (type and what()) to the file named by $THROWLOG (default /tmp/throws.log), then
-// throws it as usual. pytest captures fd 2, so it writes a file.
+// A debugging aid: logs every C++ exception a process throws (type and what(), and with
+// THROWLOG_STACK set the native frames that threw) to the file named by $THROWLOG
+// (default /tmp/throws.log), then throws it as usual. pytest captures fd 2, so it
+// writes a file. (Used on the suite's late-worker crash of 2026-12-07, which turned out
+// to be the worker's memory mappings reaching vm.max_map_count: tests/conftest.py.)
 //
 //   g++ -O1 -shared -fPIC -o /tmp/throwlog.so scripts/throwlog.cc -ldl
 //   LD_PRELOAD=/tmp/throwlog.so bash .ci/run

@@ -15,11 +15,6 @@ os.environ.setdefault(
 )
 os.environ["RADIXJAX_JAX_CACHE_READ_ONLY_PID"] = str(os.getpid())
 
-from tests import jit_frames  # noqa: E402
-
-# before anything imports jaxlib (tests/native/no_jit_frames.c says why)
-JIT_FRAMES_STUB = jit_frames.install()
-
 import pytest  # noqa: E402
 
 from tests.tiny_models import FAMILIES, save_tiny_model  # noqa: E402
@@ -92,12 +87,35 @@ def server():
         assert stats["kv_held"] == 0, "KV still held by requests"
 
 
+# A worker's memory mappings before its compiled programs are dropped: XLA's JIT maps
+# each program's sections separately (~670 maps for a tiny model's step program), and at
+# the kernel's vm.max_map_count (65,530) the next program's JIT link fails: LLVM aborts
+# ("Unable to allocate section memory", RuntimeDyld::emitSection; core dump of the
+# 2026-12-07 CI failure: 65,531 mappings), or a throw in jaxlib crashes in the unwinder.
+MAX_MAPS = 25_000
+
+
+def _num_maps() -> int:
+    try:
+        with open("/proc/self/maps") as f:
+            return sum(1 for _ in f)
+    except OSError:  # (not Linux)
+        return 0
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _release_module_memory():
     """After each module's fixtures are gone (engines, models, HF references), their freed
     memory goes back to the OS: glibc would keep it (a worker grew to 6.7 GB, the suite
-    peaked at 23.4 of the VM's 23.4 GB, and one CI run lost a worker to the OOM killer)."""
+    peaked at 23.4 of the VM's 23.4 GB, and one CI run lost a worker to the OOM killer);
+    past MAX_MAPS mappings, the compiled programs no module holds any more go too."""
     yield
-    from radixjax.runtime.host_memory import release_free_memory
+    import gc
 
+    from radixjax.runtime.host_memory import release_free_memory
+    from radixjax.runtime.model_runner import clear_compiled_programs
+
+    if _num_maps() > MAX_MAPS:
+        clear_compiled_programs()
+        gc.collect()
     release_free_memory()

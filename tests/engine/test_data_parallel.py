@@ -70,6 +70,11 @@ def test_dp2_equals_one_engine_and_keeps_prefixes_together(tiny) -> None:
         stats = dp.stats()
         assert stats["num_requests"] == 14 and stats["num_late_compiles"] == 0
         assert [r["num_routed"] for r in stats["replicas"]] == [7, 7]
+        # the dashboard's data: each replica's own tree, each holding its group's prefix
+        snap = dp.snapshot()
+        assert [len(r["tree"]["nodes"]) > 0 for r in snap["replicas"]] == [True, True]
+        assert all(max(n["tokens"] for n in r["tree"]["nodes"]) >= 40
+                   for r in snap["replicas"])
         # unseeded samples on both replicas: every rid and every seed its own
         outs = dp.generate(batch, SamplingParams(max_new_tokens=1))
         assert len({o.rid for o in outs}) == len({o.seed for o in outs}) == len(batch)

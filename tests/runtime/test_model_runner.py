@@ -150,3 +150,26 @@ def test_persistent_compile_cache_is_written(mode: str, tmp_path) -> None:
                    timeout=120)
     entries = [f for f in os.listdir(tmp_path) if f.endswith("-cache")]
     assert (len(entries) > 0) == (mode == "writes"), entries
+
+
+def test_cleared_programs_give_their_memory_maps_back(tiny_model_dir) -> None:
+    """clear_compiled_programs (the suite calls it when a worker's memory maps near the
+    kernel's vm.max_map_count): once no runner holds a program, its JIT mappings go."""
+    import gc
+
+    from radixjax.runtime.model_runner import clear_compiled_programs
+    from tests.conftest import _num_maps
+
+    m = load_model(tiny_model_dir("llama"), load_tokenizer=False)
+    before = _num_maps()
+    runner = tiny_runner(m.cfg, m.params, num_slots=136)  # (a pool no other test has)
+    batch = build_batch([RequestSlice(np.arange(1, 6, dtype=np.int32),
+                                      np.arange(1, 6, dtype=np.int32))], runner.buckets)
+    runner.step(batch, SamplingArrays.build(_greedy(1), [0], batch.shape.num_reqs),
+                StepOptions()).tokens.block_until_ready()
+    grown = _num_maps()
+    assert grown > before + 50  # the program's JIT-linked sections
+    del runner
+    clear_compiled_programs()
+    gc.collect()
+    assert _num_maps() < grown - 50

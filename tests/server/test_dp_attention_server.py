@@ -96,3 +96,7 @@ def test_completions_equal_one_device_and_nothing_leaks(served) -> None:
     stats = wait_idle(server)
     assert stats["kv_held"] == 0 and stats["num_late_compiles"] == 0, stats
     assert httpx.get(server + "/debug/check_integrity", timeout=30).status_code == 200
+    # the dashboard's data: a part per DP rank, the prompts cached across the ranks
+    ranks = httpx.get(server + "/dashboard/data", timeout=30).json()["ranks"]
+    assert len(ranks) == 2 and sum(r["tree"]["cached_tokens"] for r in ranks) > 0
+    assert all(r["running"] == [] and r["pool"]["held"] == 0 for r in ranks)

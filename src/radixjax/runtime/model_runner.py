@@ -298,6 +298,16 @@ def _jitted(cfg: ModelConfig, backend: str, page_size: int, layout: Layout | Non
     return step, logits, jax.jit(_sync_row, donate_argnames="table", **options)
 
 
+def clear_compiled_programs() -> None:
+    """Forget the memoized step functions and JAX's in-memory compiles: each program's
+    code and memory mappings go once no runner holds it (a process that builds many
+    runners, as the test suite does, would otherwise reach the kernel's limit on memory
+    mappings: XLA's JIT maps every program's sections). A runner still alive keeps
+    its programs."""
+    _jitted.cache_clear()
+    jax.clear_caches()
+
+
 def _resolve_cpu_decode(asked: bool | None, cfg: ModelConfig, backend: str,
                         layout: Layout | None) -> bool:
     """Whether decode attention runs in the CPU handler (RunnerConfig.cpu_decode): where
