@@ -4,7 +4,7 @@ transformers' float32 and llama.cpp's own `llama-perplexity` on the same GGUF, a
 agreement with our float32 over a set of chat prompts.
 
     .venv/bin/python benchmarks/quality.py [--chunks 8] [--no-hf] [--no-llama]
-        [--configs f32,default,w8a8+bf16kv,w8a8,w8a16,w8a16+bf16kv] [--greedy-tokens 48]
+        [--configs f32,default,w8a8+bf16kv,w8a8,w8a16,w8a16+bf16kv,gguf] [--greedy-tokens 48]
         [--model gemma3-270m]    # another GGUF (a base model: --greedy-tokens 0)
 
 Protocol (llama.cpp's tools/perplexity): the text is tokenized whole, cut into windows of
@@ -53,6 +53,8 @@ CONFIGS = {
     "w8a8": ("float32", "float32", "w8a8_int8", False),
     "w8a16": ("float32", "float32", "w8a16_int8", False),
     "w8a16+bf16kv": ("float32", "bfloat16", "w8a16_int8", False),
+    # the file's own blocks in the products (model/gguf_blocks.py), bf16 KV, deterministic
+    "gguf": ("float32", "bfloat16", "gguf", True),
 }
 GREEDY_PROMPTS = (
     "What is the capital of France?",
@@ -119,7 +121,12 @@ def ours(model, name: str, wins: dict[str, list[np.ndarray]]) -> tuple[dict, obj
     from radixjax.runtime.model_runner import ModelRunner, RunnerConfig
 
     dtype, kv, quant, det = CONFIGS[name] or default_form()
-    runner = ModelRunner(model.cfg, model.params, RunnerConfig(
+    params = model.params
+    if quant == "gguf":  # the same file, its matrices left in their blocks
+        from radixjax.loaders import load_model
+
+        params = load_model(model.source, load_tokenizer=False, gguf_blocks=True).params
+    runner = ModelRunner(model.cfg, params, RunnerConfig(
         num_slots=2048, max_batch_tokens=N_CTX, max_running=4, max_context=1024,
         kv_dtype=kv, quantization=quant, deterministic=det))
     slots = np.arange(1, N_CTX + 1, dtype=np.int32)
@@ -215,8 +222,8 @@ def main() -> None:
     ap.add_argument("--greedy-tokens", type=int, default=48)
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--no-llama", action="store_true")
-    ap.add_argument("--model", default=None, help="a GGUF path or gemma3-270m (default: "
-                    "SmolLM2)")
+    ap.add_argument("--model", default=None, help="a GGUF path or packaged name: gemma3-270m, "
+                    "qwen2.5-coder-1.5b, qwen2.5-coder-0.5b (default: SmolLM2)")
     args = ap.parse_args()
 
     from radixjax.loaders import load_model, resolve_model_path

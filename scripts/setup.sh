@@ -55,6 +55,14 @@ if [ "$(uname -m)" = x86_64 ] && [ ! "$lib" -nt src/radixjax/model/onednn_int8_m
   "$venv/bin/python" -m radixjax.model.onednn --build >/dev/null \
     || echo "setup.sh: the oneDNN handler did not build; W8A8 runs on XLA's int8 GEMM" >&2
 fi
+# Products in GGUF blocks as an XLA FFI handler (src/radixjax/model/gguf_blocks.py),
+# compiled (~8 s) for this machine's CPU (AVX-512 VNNI); where it cannot be, --quantization
+# gguf dequantizes and takes the int8 path.
+lib=src/radixjax/model/_gguf_matmul.so
+if [ ! "$lib" -nt src/radixjax/model/gguf_matmul.cc ]; then
+  "$venv/bin/python" -m radixjax.model.gguf_blocks --build >/dev/null 2>&1 \
+    || echo "setup.sh: the GGUF block product handler did not build; gguf form off" >&2
+fi
 # Decode attention as an XLA FFI handler (src/radixjax/model/cpu_decode.py), compiled
 # (~3 s) for this machine's CPU; where it cannot be, decode attention stays in XLA.
 lib=src/radixjax/model/_cpu_decode_attention.so

@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     layout = layout_for(args.tp, args.ep)
     m = load_model(args.model, dtype=args.dtype,
-                   placer_for=placer_for(layout) if layout is not None else None)
+                   placer_for=placer_for(layout) if layout is not None else None,
+                   gguf_blocks=args.quantization == "gguf")
     tok = m.tokenizer
     if args.raw or not tok.chat_template:
         ids = tok(args.prompt).input_ids

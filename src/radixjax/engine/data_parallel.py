@@ -75,7 +75,8 @@ class DataParallelEngine:
         self.router = DPRouter(dp_policy)
         slices = device_slices(dp, config.tp, devices)
         if params is None:
-            loaded = load_model(model, dtype=config.dtype)
+            loaded = load_model(model, dtype=config.dtype,
+                                gguf_blocks=config.quantization == "gguf")
             params, model_config, tokenizer = loaded.params, loaded.cfg, loaded.tokenizer
         elif model_config is None:
             raise ValueError("an in-memory model needs model_config as well as params")

@@ -141,7 +141,8 @@ class Engine:
             self.model_config, self.tokenizer = model_config, tokenizer
         else:
             placer = placer_for(self.layout) if self.layout is not None else None
-            loaded = load_model(model, dtype=self.config.dtype, placer_for=placer)
+            loaded = load_model(model, dtype=self.config.dtype, placer_for=placer,
+                                gguf_blocks=self.config.quantization == "gguf")
             params, self.model_config, self.tokenizer = loaded.params, loaded.cfg, loaded.tokenizer
         enable_persistent_cache()
         self.runner = ModelRunner(self.model_config, params,

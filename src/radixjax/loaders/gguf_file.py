@@ -4,10 +4,15 @@ dequantized to float32 by the `gguf` package.
 llama.cpp's converter permutes the rows of Q and K for the `llama` architecture (it
 uses interleaved RoPE pairs); we undo that so one RoPE (HF's rotate-half) serves both
 formats. GGUF matrices dequantize as (out, in); we store (in, out).
+
+blocks=True (the "gguf" form, model/gguf_blocks.py): each matrix of a type with a product
+here stays in its blocks (a BlockWeight over the mapped file's rows, its Q/K rows put
+back in HF's order whole: a row's blocks never mix rows); the rest dequantize as above.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +21,11 @@ import numpy as np
 
 from radixjax.loaders.gguf_reader import GGUFFile, GGUFTensor
 from radixjax.loaders.hf import split_fused
+from radixjax.model import gguf_blocks
 from radixjax.model.config import ModelConfig, UnsupportedModelError
 from radixjax.model.params import Params, Placer, params_from_numpy
+
+log = logging.getLogger(__name__)
 
 _LAYER_NAMES = {
     "attn_norm.weight": ("attn_norm", False),
@@ -74,10 +82,25 @@ def dequantize(t: GGUFTensor) -> np.ndarray:
             f"(the gguf package has no dequantizer for it)") from e
 
 
+def _block_k(t: GGUFTensor) -> int | None:
+    """A matrix's K (values per row) where its type has a product in its blocks here;
+    else None."""
+    if t.data.ndim != 2 or t.tensor_type in (gguf.GGMLQuantizationType.F32,
+                                             gguf.GGMLQuantizationType.F16,
+                                             gguf.GGMLQuantizationType.BF16):
+        return None
+    k = t.data.shape[1] // gguf.GGML_QUANT_SIZES[t.tensor_type][1] * \
+        gguf.GGML_QUANT_SIZES[t.tensor_type][0]
+    return k if gguf_blocks.has_product(int(t.tensor_type), k) else None
+
+
 def load_gguf_params(gf: GGUFFile, cfg: ModelConfig, arch: str, dtype: Any,
-                     placer: Placer | None = None) -> Params:
-    top: dict[str, np.ndarray] = {}
-    layers: list[dict[str, np.ndarray]] = [{} for _ in range(cfg.num_layers)]
+                     placer: Placer | None = None, blocks: bool = False) -> Params:
+    """blocks: matrices with a product in their GGUF blocks stay in them (BlockWeight
+    leaves; the others dequantized, named once in the log)."""
+    top: dict[str, Any] = {}
+    layers: list[dict[str, Any]] = [{} for _ in range(cfg.num_layers)]
+    dequantized: set[str] = set()
     for t in gf.tensors:
         if t.name.startswith("blk."):
             _, idx, rest = t.name.split(".", 2)
@@ -94,10 +117,24 @@ def load_gguf_params(gf: GGUFFile, cfg: ModelConfig, arch: str, dtype: Any,
             dest = top
         else:
             continue
+        k = _block_k(t) if blocks and (transpose or ours in ("embed", "lm_head")) else None
+        if blocks and k is None and t.data.ndim == 2:
+            dequantized.add(t.tensor_type.name)
+        if k is not None:
+            raw = np.asarray(t.data)
+            if arch == "llama" and ours == "wq":
+                raw = unpermute_rope_rows(raw, cfg.num_heads)
+            elif arch == "llama" and ours == "wk":
+                raw = unpermute_rope_rows(raw, cfg.num_kv_heads)
+            dest[ours] = gguf_blocks.from_blocks(raw, int(t.tensor_type), k)
+            continue
         w = dequantize(t)
         if arch == "llama" and ours in ("wq", "bq"):
             w = unpermute_rope_rows(w, cfg.num_heads)
         elif arch == "llama" and ours in ("wk", "bk"):
             w = unpermute_rope_rows(w, cfg.num_kv_heads)
         dest[ours] = w.T if transpose else w
+    if dequantized:
+        log.warning("GGUF matrices of type %s have no product in their blocks here: "
+                    "dequantized (the int8 path)", ", ".join(sorted(dequantized)))
     return params_from_numpy(cfg, top, layers, dtype, placer)

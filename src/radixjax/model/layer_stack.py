@@ -13,9 +13,10 @@ The dense layer matrices are stacked transposed, `OutIn(wt [n, O, I])`: XLA read
 in place for the small steps' vector products instead of copying each layer's slice
 (model/dense_weights.py).
 
-Weights packed for oneDNN (model/quant.py PackedInt8Weight) are not scanned: each layer's
-products read the whole stack at the layer's index (`split_resident` / `join_resident`),
-so no slice of them is copied.
+Weights packed for oneDNN (model/quant.py PackedInt8Weight) and weights in their GGUF
+blocks (model/gguf_blocks.py) are not scanned: each layer's products read the whole stack
+at the layer's index or offsets (`split_resident` / `join_resident`), so no slice of them
+is copied.
 
 The layers unrolled over per-layer arrays (no weight slices at all; an option until the
 twelfth session) decoded SmolLM2 B = 1 in 35 ms against the scan's 60 before the scan
@@ -31,8 +32,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
+from radixjax.model import gguf_blocks
 from radixjax.model.config import ModelConfig
 from radixjax.model.dense_weights import LINEAR_WEIGHTS, OutIn
+from radixjax.model.gguf_blocks import BlockWeight
 from radixjax.model.params import Params
 from radixjax.model.quant import PackedInt8Weight
 
@@ -82,8 +85,11 @@ def _stack(leaves: list[jax.Array], transpose: bool = False) -> jax.Array:
 
 
 def _stack_leaf(name: str, leaves: list) -> object:
-    """One leaf of a group: a dense layer matrix as OutIn, anything else as it is (an
-    Int8Weight stacked field by field)."""
+    """One leaf of a group: a dense layer matrix as OutIn, GGUF blocks one layer after
+    another (gguf_blocks.stack), anything else as it is (an Int8Weight stacked field by
+    field)."""
+    if isinstance(leaves[0], BlockWeight):
+        return gguf_blocks.stack(leaves)
     if name in LINEAR_WEIGHTS and isinstance(leaves[0], jax.Array):
         return OutIn(_stack(leaves, transpose=True))
     return jax.tree.map(lambda *xs: _stack(list(xs)), *leaves)
@@ -103,14 +109,23 @@ def stack_layers(cfg: ModelConfig, params: Params) -> Params:
 
 
 def split_resident(weights: Params) -> tuple[Params, dict[str, jax.Array]]:
-    """A group's stacked weights -> (what the scan slices per layer, the packed int8
-    stacks that stay whole: {name: [n, parts, P]})."""
+    """A group's stacked weights -> (what the scan slices per layer, the stacks that stay
+    whole: {name: packed int8 [n, parts, P] or GGUF blocks [bytes]})."""
     resident = {k: v.packed for k, v in weights.items() if isinstance(v, PackedInt8Weight)}
-    return {k: v._replace(packed=None) if k in resident else v
-            for k, v in weights.items()}, resident
+    resident |= {k: v.data for k, v in weights.items() if isinstance(v, BlockWeight)}
+
+    def scanned(k: str, v: object) -> object:
+        if isinstance(v, BlockWeight):
+            return BlockWeight(None, v.segs, v.rows, v.k)  # each layer's segs row
+        return v._replace(packed=None) if k in resident else v
+    return {k: scanned(k, v) for k, v in weights.items()}, resident
 
 
 def join_resident(lp: Params, resident: dict[str, jax.Array], layer: jax.Array) -> Params:
     """One layer's sliced weights with the resident stacks read at `layer` (its index
-    within the group)."""
-    return {**lp, **{k: lp[k]._replace(packed=w, layer=layer) for k, w in resident.items()}}
+    within the group; GGUF blocks: at the layer's own segment offsets)."""
+    def joined(v: object, w: jax.Array) -> object:
+        if isinstance(v, BlockWeight):
+            return BlockWeight(w, v.segs, v.rows, v.k)
+        return v._replace(packed=w, layer=layer)
+    return {**lp, **{k: joined(lp[k], w) for k, w in resident.items()}}

@@ -23,7 +23,8 @@ Matrices are stored (in, out) so the forward is `x @ w`, except the output head,
 `top_specs` give every leaf's shape and logical axes; init, loading and sharding
 (radixjax/parallel/rules.py maps logical axes to mesh axes) derive from them.
 Per-layer arrays (a list, as checkpoints hold them); the runner stacks them for its layer
-scan (model/layer_stack.py).
+scan (model/layer_stack.py). A GGUF loaded in the "gguf" form holds its quantized
+matrices as BlockWeight leaves (model/gguf_blocks.py: (out, in) in the file's blocks).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from radixjax.model.config import ModelConfig
+from radixjax.model.gguf_blocks import BlockWeight, to_device
 
 Params = dict[str, Any]
 
@@ -157,7 +159,15 @@ def params_from_numpy(
 ) -> Params:
     """Check every leaf against its spec and move it to the device(s) in its dtype."""
 
-    def put(name: str, spec: ParamSpec, arr: np.ndarray) -> jax.Array:
+    def put(name: str, spec: ParamSpec, arr: Any) -> Any:
+        if isinstance(arr, BlockWeight):  # a matrix in its GGUF blocks: (out, in)
+            shape = (arr.n, arr.k) if name.startswith("model.") else (arr.k, arr.n)
+            if shape != spec.shape:
+                raise ValueError(f"weight {name}: shape {shape}, expected {spec.shape}")
+            if placer is not None:
+                raise ValueError("weights in GGUF blocks run on one device (no sharding)")
+            # the layers' stay on the host until stacked (layer_stack.py)
+            return to_device(arr) if name.startswith("model.") else arr
         if tuple(arr.shape) != spec.shape:
             raise ValueError(f"weight {name}: shape {arr.shape}, expected {spec.shape}")
         if placer is not None:

@@ -78,7 +78,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from radixjax.model import cpu, onednn
+from radixjax.model import cpu, gguf_blocks, onednn
 from radixjax.model.dense_weights import FUSED_WEIGHTS, LINEAR_WEIGHTS, OutIn, out_in_linear
 from radixjax.model.forms import QUANTIZATIONS
 from radixjax.model.params import Params
@@ -229,14 +229,27 @@ def int8_head(h: jax.Array, head: Int8Weight | PackedInt8Weight,
     return out_in_linear(h, OutIn(head.q.astype(jnp.float32)), HEAD_ROWS_MAX) * head.scale
 
 
-def fused(lp: Params) -> Params:
-    """A layer's params with each FUSED_WEIGHTS group it has in full as one matrix
-    ([I, O] parts concatenated along O), the parts dropped."""
-    for name, parts in FUSED_WEIGHTS.items():
+def fused(lp: Params, groups: tuple[str, ...] = tuple(FUSED_WEIGHTS)) -> Params:
+    """A layer's params with each FUSED_WEIGHTS group (of `groups`) it has in full as one
+    matrix ([I, O] parts concatenated along O; GGUF blocks: their rows one after another),
+    the parts dropped."""
+    for name in groups:
+        parts = FUSED_WEIGHTS[name]
         if all(p in lp for p in parts):
+            ws = [lp[p] for p in parts]
             lp = {k: v for k, v in lp.items() if k not in parts} | {
-                name: jnp.concatenate([lp[p] for p in parts], axis=1)}
+                name: gguf_blocks.concat(ws) if isinstance(ws[0], gguf_blocks.BlockWeight)
+                else jnp.concatenate(ws, axis=1)}
     return lp
+
+
+def _fusable(layers: list[Params]) -> tuple[str, ...]:
+    """The FUSED_WEIGHTS groups whose parts are all of one kind (all in GGUF blocks, or
+    none) in every layer: fused alike, the layers stack."""
+    def kinds(lp: Params, parts: tuple[str, ...]) -> set[bool]:
+        return {isinstance(lp[p], gguf_blocks.BlockWeight) for p in parts if p in lp}
+    return tuple(name for name, parts in FUSED_WEIGHTS.items()
+                 if all(len(kinds(lp, parts)) <= 1 for lp in layers))
 
 
 def quantize_params(params: Params, quantization: str,
@@ -248,12 +261,20 @@ def quantize_params(params: Params, quantization: str,
     unchanged); with use_onednn each packed for oneDNN (PackedInt8Weight; None: where
     onednn.available() and the matrix is onednn.packable at every row count of `rows`:
     the runner's step sizes); fuse: the matrices of FUSED_WEIGHTS as one (the same
-    numbers, fewer products). The other leaves are shared, not copied."""
+    numbers, fewer products). The other leaves are shared, not copied.
+
+    "gguf": matrices in their GGUF blocks (gguf_blocks.BlockWeight, from the loader's
+    blocks=True) stay so, the head too; the others as w8a16_int8."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     if quantization == "none":
         return params
-    def quantize(w: jax.Array) -> Int8Weight | PackedInt8Weight:
+    blocks = quantization == "gguf"
+    if blocks:
+        quantization = "w8a16_int8"  # for the matrices not in blocks
+    def quantize(w: jax.Array) -> Int8Weight | PackedInt8Weight | gguf_blocks.BlockWeight:
+        if isinstance(w, gguf_blocks.BlockWeight):
+            return w
         q = quantize_int8(w)
         if quantization == "w8a16_int8":
             q = A16Int8Weight(*q)
@@ -262,7 +283,10 @@ def quantize_params(params: Params, quantization: str,
             return pack_int8(q) if ok else q
         return pack_int8(q) if use_onednn else q
 
+    groups = _fusable(params["layers"]) if fuse else ()
     layers = [{k: quantize(v) if k in LINEAR_WEIGHTS else v
-               for k, v in (fused(lp) if fuse else lp).items()} for lp in params["layers"]]
+               for k, v in fused(lp, groups).items()} for lp in params["layers"]]
     head = params.get("lm_head", params["embed"])  # [V, D]; tied: the embedding
+    if blocks and isinstance(head, gguf_blocks.BlockWeight):  # multiplied in its blocks
+        return {**params, "layers": layers}
     return {**params, "layers": layers, "lm_head_int8": quantize(head.T)}
