@@ -23,8 +23,21 @@ from radixjax.model.gguf_blocks import (
     to_device,
 )
 
-pytestmark = pytest.mark.skipif(not gguf_blocks.available(),
-                                reason="the GGUF product handler is not built")
+
+def _vnni() -> bool:
+    return "avx512_vnni" in open("/proc/cpuinfo").read()  # noqa: SIM115
+
+
+def test_built_on_this_machine() -> None:
+    """scripts/setup.sh builds the handler wherever the CPU has AVX-512 VNNI (these
+    machines): a missing build would silently turn --quantization gguf into w8a16."""
+    if _vnni():
+        assert gguf_blocks.available(), f"{gguf_blocks.LIBRARY} missing: python -m " \
+            "radixjax.model.gguf_blocks --build"
+
+
+needs_handler = pytest.mark.skipif(not gguf_blocks.available(),
+                                   reason="the GGUF product handler is not built (no VNNI)")
 
 T = gguf.GGMLQuantizationType
 # each type's f16 fields (byte offsets in a block): d, and dmin / m where it has one
@@ -58,6 +71,7 @@ def activations_as_rounded(x: np.ndarray) -> np.ndarray:
 TYPES = sorted(PRODUCT_TYPES)
 
 
+@needs_handler
 @pytest.mark.parametrize("qtype", TYPES, ids=[PRODUCT_TYPES[t] for t in TYPES])
 def test_rows_dequantize_as_the_gguf_package_does(qtype: int) -> None:
     qtype = T(qtype)
@@ -69,6 +83,7 @@ def test_rows_dequantize_as_the_gguf_package_does(qtype: int) -> None:
     np.testing.assert_array_equal(got, dequantized(raw, qtype)[np.asarray(ids)])
 
 
+@needs_handler
 @pytest.mark.parametrize("qtype", TYPES, ids=[PRODUCT_TYPES[t] for t in TYPES])
 def test_products_equal_exact_sums_at_every_row_count(qtype: int) -> None:
     qtype = T(qtype)
@@ -96,6 +111,7 @@ def test_products_equal_exact_sums_at_every_row_count(qtype: int) -> None:
     assert err / np.abs(x.astype(np.float64) @ wf.T).max() < 0.01
 
 
+@needs_handler
 def test_mixed_type_segments_and_a_layer_scan() -> None:
     """q | k | v of different types in one product; a stack of 3 layers whose types
     differ per layer, scanned: each layer's product as its own matrix's."""
@@ -128,6 +144,7 @@ def _real_files() -> list:
     return [default_model_path(), resolve_model_path("gemma3-270m")]
 
 
+@needs_handler
 def test_real_files_tensors_multiply_in_their_blocks() -> None:
     """Each block type of the two shipped GGUFs (SmolLM2 Q4_1, Gemma 3 270M Q4_K_M): a
     tensor's rows dequantize as the gguf package does, its product equals the exact one."""
@@ -153,6 +170,7 @@ def test_real_files_tensors_multiply_in_their_blocks() -> None:
     assert {T.Q4_1, T.Q4_K, T.Q6_K} <= seen, seen
 
 
+@needs_handler
 def test_smollm2_in_its_blocks_tracks_float32(smollm2) -> None:
     """The default model loaded in the gguf form: its quantized matrices, embedding and
     (tied) head stay in their blocks; prompt logits track the float32 form's (which
