@@ -82,6 +82,16 @@ def dequantize(t: GGUFTensor) -> np.ndarray:
             f"(the gguf package has no dequantizer for it)") from e
 
 
+def _hf_rows(w: np.ndarray, ours: str, arch: str, cfg: ModelConfig) -> np.ndarray:
+    """A tensor's rows (values or raw blocks) in HF's order: Q/K rows un-permuted
+    (llama arch), anything else as it is."""
+    if arch == "llama" and ours in ("wq", "bq"):
+        return unpermute_rope_rows(w, cfg.num_heads)
+    if arch == "llama" and ours in ("wk", "bk"):
+        return unpermute_rope_rows(w, cfg.num_kv_heads)
+    return w
+
+
 def _block_k(t: GGUFTensor) -> int | None:
     """A matrix's K (values per row) where its type has a product in its blocks here;
     else None."""
@@ -121,18 +131,10 @@ def load_gguf_params(gf: GGUFFile, cfg: ModelConfig, arch: str, dtype: Any,
         if blocks and k is None and t.data.ndim == 2:
             dequantized.add(t.tensor_type.name)
         if k is not None:
-            raw = np.asarray(t.data)
-            if arch == "llama" and ours == "wq":
-                raw = unpermute_rope_rows(raw, cfg.num_heads)
-            elif arch == "llama" and ours == "wk":
-                raw = unpermute_rope_rows(raw, cfg.num_kv_heads)
+            raw = _hf_rows(np.asarray(t.data), ours, arch, cfg)  # whole rows of blocks
             dest[ours] = gguf_blocks.from_blocks(raw, int(t.tensor_type), k)
             continue
-        w = dequantize(t)
-        if arch == "llama" and ours in ("wq", "bq"):
-            w = unpermute_rope_rows(w, cfg.num_heads)
-        elif arch == "llama" and ours in ("wk", "bk"):
-            w = unpermute_rope_rows(w, cfg.num_kv_heads)
+        w = _hf_rows(dequantize(t), ours, arch, cfg)
         dest[ours] = w.T if transpose else w
     if dequantized:
         log.warning("GGUF matrices of type %s have no product in their blocks here: "
