@@ -7,15 +7,18 @@ products read the file's own blocks (gguf_matmul.cc, an XLA FFI handler compiled
 -march=native: AVX-512 VNNI), so no f32 or int8 copy of a quantized matrix is ever held:
 
     BlockWeight(data [bytes] u8, segs [S, 2] s32, rows (S,), k)
-        data: the matrix's rows, row-major GGUF blocks (a stacked layer group's layers one
-        after another); segment s (q | k | v fused, say) starts at byte 64 * segs[s, 0], in
-        GGML type segs[s, 1], rows[s] rows of k values.
+        data: the matrix's blocks, the file's bits interleaved in tiles of 16 rows (packed:
+        each 8 values of 16 rows' codes in one 64-byte register, as the products read
+        them; a stacked layer group's layers one after another); segment s (q | k | v
+        fused, say) starts at byte 64 * segs[s, 0], in GGML type segs[s, 1], rows[s] rows
+        of k values.
     block_linear(x [T, K] f32, w) -> [T, N] f32      (N = sum(rows))
     block_rows(ids [T] s32, w) -> [T, K] f32         (the embedding's gather)
 
 The activations enter as int8 per 32 values with an f32 scale each (llama.cpp uses 32 for
-the legacy types and 256 for K-quants), the integer sums exact, a row's bits the same in
-any batch. Types with a product: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
+the legacy types and 256 for K-quants); one VNNI instruction multiplies 4 values of an
+activation row by the same 4 values of 16 weight rows, the integer sums exact, scaled in
+f32 once per group of 32 (Q6_K: 16) values, a row's bits the same in any batch. Types with a product: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
 (PRODUCT_TYPES); a matrix of another type is dequantized and takes the current path
 (w8a16_int8), said once at load.
 
@@ -60,6 +63,11 @@ def _library() -> ctypes.CDLL | None:
     if lib is not None:
         lib.RadixjaxGgufRowBytes.restype = ctypes.c_int64
         lib.RadixjaxGgufRowBytes.argtypes = [ctypes.c_int32, ctypes.c_int64]
+        lib.RadixjaxGgufPackedBytes.restype = ctypes.c_int64
+        lib.RadixjaxGgufPackedBytes.argtypes = [ctypes.c_int32, ctypes.c_int64, ctypes.c_int64]
+        lib.RadixjaxGgufPack.restype = None
+        lib.RadixjaxGgufPack.argtypes = [ctypes.c_int32, ctypes.c_int64, ctypes.c_int64,
+                                         ctypes.c_void_p, ctypes.c_void_p]
     return lib
 
 
@@ -89,16 +97,26 @@ class BlockWeight:
         return sum(self.rows)
 
 
-def _padded(raw: np.ndarray) -> np.ndarray:
-    """Bytes -> the same, zero-padded to a multiple of ALIGN."""
-    flat = np.ascontiguousarray(raw, np.uint8).reshape(-1)
-    return np.pad(flat, (0, -flat.size % ALIGN))
+def packed(raw: np.ndarray, qtype: int, k: int) -> np.ndarray:
+    """One GGUF matrix's rows (raw [N, row_bytes] u8, as the file holds them) -> the same
+    bits in the handler's tiles of 16 rows ([bytes] u8, zero-padded to a multiple of
+    ALIGN)."""
+    _require()
+    lib = _library()
+    raw = np.ascontiguousarray(raw, np.uint8)
+    n = raw.shape[0]
+    assert raw.shape[1] == lib.RadixjaxGgufRowBytes(qtype, k), (raw.shape, qtype, k)
+    size = lib.RadixjaxGgufPackedBytes(qtype, n, k)
+    out = np.zeros(size + -size % ALIGN, np.uint8)
+    lib.RadixjaxGgufPack(qtype, n, k, raw.ctypes.data, out.ctypes.data)
+    return out
 
 
 def from_blocks(raw: np.ndarray, qtype: int, k: int) -> BlockWeight:
     """One GGUF matrix's rows (raw [N, row_bytes] u8, as the file holds them) -> a
     BlockWeight on the host (numpy: moved to the device when stacked or used)."""
-    return BlockWeight(_padded(raw), np.array([[0, qtype]], np.int32), (raw.shape[0],), k)
+    return BlockWeight(packed(raw, qtype, k), np.array([[0, qtype]], np.int32),
+                       (raw.shape[0],), k)
 
 
 def concat(parts: list[BlockWeight]) -> BlockWeight:
