@@ -106,13 +106,15 @@ def window_nll(logits: np.ndarray, w: np.ndarray) -> np.ndarray:
     return logz - x[np.arange(len(x)), w[first + 1:]]
 
 
-def default_form() -> tuple[str, str, str, bool]:
-    """The default serving form here: EngineConfig()'s, resolved on JAX's backend."""
+def default_form(source: str) -> tuple[str, str, str, bool]:
+    """The default serving form here for the model at `source`: EngineConfig()'s,
+    resolved on JAX's backend (a GGUF file: the gguf form, where it has the handler)."""
     import jax
 
     from radixjax.engine.config import EngineConfig, serving_form
+    from radixjax.loaders import blocks_servable
 
-    form = serving_form(EngineConfig(), jax.default_backend())
+    form = serving_form(EngineConfig(), jax.default_backend(), gguf=blocks_servable(source))
     return EngineConfig().dtype, form.kv_dtype, form.quantization, form.deterministic
 
 
@@ -120,7 +122,7 @@ def ours(model, name: str, wins: dict[str, list[np.ndarray]]) -> tuple[dict, obj
     from radixjax.runtime.batch import RequestSlice, build_batch
     from radixjax.runtime.model_runner import ModelRunner, RunnerConfig
 
-    dtype, kv, quant, det = CONFIGS[name] or default_form()
+    dtype, kv, quant, det = CONFIGS[name] or default_form(model.source)
     params = model.params
     if quant == "gguf":  # the same file, its matrices left in their blocks
         from radixjax.loaders import load_model

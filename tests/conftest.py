@@ -75,6 +75,17 @@ def smollm2():
 
 
 @pytest.fixture(scope="session")
+def smollm2_served():
+    """The default model as an engine or server given its path loads it by default: its
+    matrices in their GGUF blocks where this machine multiplies them (the gguf form)."""
+    from radixjax.engine.config import EngineConfig
+    from radixjax.engine.engine import in_blocks
+    from radixjax.loaders import load_model
+
+    return load_model(None, gguf_blocks=in_blocks(EngineConfig(), None))
+
+
+@pytest.fixture(scope="session")
 def server():
     """One warmed real server (SmolLM2) that every server-level test shares; after all of
     them nothing compiled late and no request holds KV."""

@@ -10,9 +10,11 @@ import time
 import jax
 
 from radixjax.engine.config import EngineConfig, serving_form
+from radixjax.engine.engine import in_blocks
 from radixjax.loaders import ModelNotFoundError, load_model
 from radixjax.model.config import UnsupportedModelError
 from radixjax.model.forms import QUANTIZATIONS
+from radixjax.model.gguf_blocks import holds_blocks
 from radixjax.parallel.mesh import MeshConfigError
 from radixjax.parallel.rules import layout_for
 from radixjax.parallel.shard_params import placer_for
@@ -61,9 +63,11 @@ def run(args: argparse.Namespace) -> int:
     enable_persistent_cache()
     t0 = time.perf_counter()
     layout = layout_for(args.tp, args.ep)
+    config = EngineConfig(dtype=args.dtype, quantization=args.quantization, tp=args.tp,
+                          ep=args.ep)
     m = load_model(args.model, dtype=args.dtype,
                    placer_for=placer_for(layout) if layout is not None else None,
-                   gguf_blocks=args.quantization == "gguf")
+                   gguf_blocks=in_blocks(config, args.model))
     tok = m.tokenizer
     if args.raw or not tok.chat_template:
         ids = tok(args.prompt).input_ids
@@ -74,9 +78,8 @@ def run(args: argparse.Namespace) -> int:
     sp = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature,
                         top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
     context = 1 << max(8, (len(ids) + args.max_tokens - 1).bit_length())
-    form = serving_form(EngineConfig(dtype=args.dtype, quantization=args.quantization,
-                                     tp=args.tp, ep=args.ep), jax.default_backend(),
-                        mla=m.cfg.mla is not None)  # as the engine resolves it
+    form = serving_form(config, jax.default_backend(), mla=m.cfg.mla is not None,
+                        gguf=holds_blocks(m.params))  # as the engine resolves it
     runner = ModelRunner(m.cfg, m.params, RunnerConfig(
         num_slots=context + 1, max_batch_tokens=context, max_running=1, max_context=context,
         kv_dtype=form.kv_dtype, quantization=form.quantization,

@@ -44,11 +44,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--api-key", default=os.environ.get("RADIXJAX_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (env RADIXJAX_API_KEY)")
     g = p.add_argument_group("memory and batching")
-    g.add_argument("--num-slots", type=int, default=32768, help="KV pool size in tokens")
+    g.add_argument("--num-slots", "--max-total-tokens", type=int, default=None,
+                   help="KV pool size in tokens (default: room for one request of the whole "
+                        "context and at least 16384, within --mem-fraction-static)")
+    g.add_argument("--mem-fraction-static", type=float, default=0.5,
+                   help="the most of the memory available after loading that a sized KV "
+                        "pool may take")
     g.add_argument("--page-size", type=int, default=1, help="KV page size in tokens")
     g.add_argument("--max-running", type=int, default=32, help="max running requests")
-    g.add_argument("--context-length", type=int, default=4096,
-                   help="max tokens per request (prompt + output)")
+    g.add_argument("--context-length", type=int, default=None,
+                   help="max tokens per request (prompt + output; default: the model's)")
     g.add_argument("--max-prefill-tokens", type=int, default=1024,
                    help="max new tokens in one prefill step")
     g.add_argument("--chunk-size", type=int, default=512,
@@ -223,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     engine = Engine(
         args.model, background=False, num_slots=args.num_slots, page_size=args.page_size,
+        mem_fraction_static=args.mem_fraction_static,
         max_running=args.max_running, max_context=args.context_length,
         max_prefill_tokens=args.max_prefill_tokens, chunk_size=args.chunk_size,
         swa_full_tokens_ratio=args.swa_full_tokens_ratio,

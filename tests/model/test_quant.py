@@ -228,3 +228,21 @@ def test_the_default_form_is_w8a16_with_a_bf16_pool_and_deterministic_on_one_cpu
     assert serving_form(EngineConfig(attention_backend="native"), "gpu").deterministic
     # MLA models (no deterministic form of their attention): float32
     assert serving_form(EngineConfig(), "cpu", mla=True) == ServingForm("none", "float32", False)
+
+
+def test_a_gguf_file_serves_in_its_blocks_by_default(tiny_model_dir) -> None:
+    """A GGUF file whose blocks this backend multiplies (the default model here) takes the
+    gguf form on one CPU device; an HF folder, an explicit form or several devices do not."""
+    from radixjax.engine.config import ServingForm, serving_form
+    from radixjax.engine.engine import in_blocks
+    from radixjax.model import gguf_blocks
+
+    assert serving_form(EngineConfig(), "cpu", gguf=True) == ServingForm("gguf", "bfloat16", True)
+    assert serving_form(EngineConfig(quantization="w8a16_int8"), "cpu", gguf=True).quantization \
+        == "w8a16_int8"
+    assert serving_form(EngineConfig(tp=2), "cpu", gguf=True).quantization == "none"
+    assert serving_form(EngineConfig(), "gpu", gguf=True).quantization == "none"
+    assert runner_config_for(EngineConfig(), gguf=True).quantization == "gguf"
+    assert in_blocks(EngineConfig(), None) == gguf_blocks.available()  # SmolLM2's GGUF
+    assert not in_blocks(EngineConfig(), tiny_model_dir("llama"))  # an HF folder
+    assert not in_blocks(EngineConfig(quantization="none"), None)

@@ -22,8 +22,10 @@ def client(server) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="module")
-def reference(smollm2):
-    """The in-process engine's greedy text for the same requests."""
+def reference(smollm2_served):
+    """The in-process engine's greedy text for the same requests (the model loaded in the
+    same form as the server's)."""
+    smollm2 = smollm2_served
     with Engine(params=smollm2.params, model_config=smollm2.cfg, tokenizer=smollm2.tokenizer,
                 **SMOLLM2_ENGINE) as e:
         tok = smollm2.tokenizer
@@ -70,13 +72,18 @@ def test_n_seed_stop_and_logprobs(client) -> None:
     b = client.chat.completions.create(**kw)
     assert [c.message.content for c in a.choices] == [c.message.content for c in b.choices]
     assert len({c.message.content for c in a.choices}) > 1
+    # a stop string from the middle of the greedy answer (whatever the form's answer is)
+    full = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12,
+                                          temperature=0).choices[0].message.content
+    word = full.split()[len(full.split()) // 2]
     stop = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12,
-                                          temperature=0, stop=["Paris"])
+                                          temperature=0, stop=[word])
     assert stop.choices[0].finish_reason == "stop"
-    assert "Paris" not in stop.choices[0].message.content
-    # streamed with the same stop string: the same text (no piece of "Paris" was sent)
+    assert word not in stop.choices[0].message.content
+    assert full.startswith(stop.choices[0].message.content)
+    # streamed with the same stop string: the same text (no piece of the word was sent)
     chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION,
-                                                 max_tokens=12, temperature=0, stop=["Paris"],
+                                                 max_tokens=12, temperature=0, stop=[word],
                                                  stream=True))
     deltas = [c.choices[0].delta.content or "" for c in chunks if c.choices]
     assert "".join(deltas) == stop.choices[0].message.content

@@ -22,10 +22,16 @@ class EngineConfigError(ValueError):
 
 @dataclass(frozen=True)
 class EngineConfig:
-    num_slots: int = 16384  # KV pool size in tokens (slot / page 0 is the dummy)
+    # KV pool size in tokens (slot / page 0 is the dummy); None: sized at start for the
+    # model and the memory available (engine/memory.py; SGLang's --max-total-tokens)
+    num_slots: int | None = None
     page_size: int = 1
     max_running: int = 32  # running requests (B bucket limit)
-    max_context: int = 4096  # longest request (prompt + output)
+    # longest request (prompt + output); None: the model's own context length
+    max_context: int | None = None
+    # the most of the memory available after loading that a sized KV pool may take
+    # (SGLang's --mem-fraction-static; the pool is host memory on the CPU)
+    mem_fraction_static: float = 0.5
     max_prefill_tokens: int = 1024  # new tokens per prefill step (T bucket limit)
     chunk_size: int = 512  # chunked prefill: at most this many tokens of one request a step
     policy: str = "lpm"
@@ -46,7 +52,9 @@ class EngineConfig:
     # the KV pool's dtype; "auto": bfloat16 beside int8 layer products, else the
     # weights' dtype. bfloat16 halves the pool and the bytes attention reads
     kv_cache_dtype: str = "auto"
-    # "auto": "w8a16_int8" on one CPU device with float32 weights, else "none";
+    # "auto": on one CPU device with float32 weights "gguf" for a GGUF file (its matrices
+    # multiplied in their own blocks, model/gguf_blocks.py; issue 53), "w8a16_int8" for
+    # others; else "none";
     # "w8a8_int8": int8 layer matrices and activations, one device only (model/quant.py:
     # decode B = 8 ~1.7x faster on the CPU, perplexity +3.7 %; benchmarks/README.md);
     # "w8a16_int8": the same weights, each token's activations as two int8 parts
@@ -111,11 +119,13 @@ class EngineConfig:
         check(self.attention_backend in ATTENTION_BACKENDS,
               f"attention_backend must be one of {ATTENTION_BACKENDS}")
         check(self.page_size >= 1, "page_size must be >= 1")
-        check(self.num_slots >= 2 * self.page_size, "num_slots too small for one page")
+        check(self.num_slots is None or self.num_slots >= 2 * self.page_size,
+              "num_slots too small for one page")
+        check(0.0 < self.mem_fraction_static <= 1.0, "mem_fraction_static must be in (0, 1]")
         check(self.max_running >= 1, "max_running must be >= 1")
         check(1 <= self.chunk_size <= self.max_prefill_tokens,
               "need 1 <= chunk_size <= max_prefill_tokens")
-        check(self.max_context >= 2, "max_context must be >= 2")
+        check(self.max_context is None or self.max_context >= 2, "max_context must be >= 2")
         check(0.0 <= self.new_token_ratio <= 1.0, "new_token_ratio must be in [0, 1]")
         check(self.retract_every >= 0, "retract_every must be >= 0")
         check(self.tp >= 0 and self.ep >= 1, "need tp >= 0 (0: all devices) and ep >= 1")
@@ -175,18 +185,23 @@ class ServingForm(NamedTuple):
     deterministic: bool
 
 
-def serving_form(c: EngineConfig, platform: str, mla: bool = False) -> ServingForm:
+def serving_form(c: EngineConfig, platform: str, mla: bool = False,
+                 gguf: bool = False) -> ServingForm:
     """c's quantization, KV dtype and deterministic inference on this JAX platform
-    ("cpu", "gpu", ..: jax.default_backend()), "auto" / None resolved: w8a16_int8 where
-    one CPU device runs float32 weights (elsewhere "none"), a bfloat16 KV pool beside
-    int8 products (elsewhere the weights' dtype), deterministic inference wherever the
-    native attention backend runs. mla: an MLA model (DeepSeek), whose attention has no
-    deterministic form: "none" and no deterministic inference unless asked, so that the
-    default makes no promise it cannot keep."""
+    ("cpu", "gpu", ..: jax.default_backend()), "auto" / None resolved: where one CPU
+    device runs float32 weights, "gguf" for a GGUF file whose matrices multiply in their
+    blocks here (gguf: loaders.blocks_servable) and w8a16_int8 for others (elsewhere
+    "none"), a bfloat16 KV pool beside int8 / block products (elsewhere the weights'
+    dtype), deterministic inference wherever the native attention backend runs. mla: an
+    MLA model (DeepSeek), whose attention has no deterministic form: "none" and no
+    deterministic inference unless asked, so that the default makes no promise it
+    cannot keep."""
     quant = c.quantization
     if quant == "auto":
         one_cpu = platform == "cpu" and c.tp == 1 and not c.enable_dp_attention
-        quant = "w8a16_int8" if one_cpu and c.dtype == "float32" and not mla else "none"
+        quant = "none"
+        if one_cpu and c.dtype == "float32" and not mla:
+            quant = "gguf" if gguf else "w8a16_int8"
     kv = c.kv_cache_dtype
     if kv == "auto":
         kv = "bfloat16" if quant != "none" else c.dtype

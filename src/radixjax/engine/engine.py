@@ -8,6 +8,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import secrets
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import jax
+import jax.numpy as jnp
 
 from radixjax.cache.manager import KVCacheManager
 from radixjax.engine.config import (
@@ -29,14 +31,17 @@ from radixjax.engine.draft_model import DraftModel
 from radixjax.engine.errors import EngineError, RequestError
 from radixjax.engine.handoff import KVHandoff, MakeHandoff
 from radixjax.engine.inputs import Prompt, batch_inputs, final_output
+from radixjax.engine.memory import FALLBACK_CONTEXT, FALLBACK_POOL, available_bytes, sized
 from radixjax.engine.output import GenerateOutput, StreamChunk
 from radixjax.engine.request import Req
 from radixjax.engine.scheduler import Scheduler
 from radixjax.engine.snapshot import MAX_NODES, scheduler_snapshot
 from radixjax.engine.speculative import StepCosts
 from radixjax.grammar.backend import GrammarBackend, GrammarError
-from radixjax.loaders import load_model
+from radixjax.loaders import blocks_servable, load_model
 from radixjax.model.config import ModelConfig
+from radixjax.model.gguf_blocks import holds_blocks
+from radixjax.model.llama import kv_pool_bytes
 from radixjax.model.params import Params
 from radixjax.parallel.multihost import (
     BroadcastRunner,
@@ -59,17 +64,27 @@ from radixjax.sampling.params import SamplingParams
 T = TypeVar("T")
 
 
+def in_blocks(c: EngineConfig, model: str | Path | None) -> bool:
+    """Whether c's form for `model` (a path or name, as load_model takes it) is "gguf":
+    its matrices loaded and multiplied in their GGUF blocks."""
+    gguf = blocks_servable(model)
+    return serving_form(c, jax.default_backend(), gguf=gguf).quantization == "gguf"
+
+
 def runner_config_for(c: EngineConfig, dp_ranks: int = 1, mla: bool = False,
-                      window: int | None = None) -> RunnerConfig:
+                      window: int | None = None, gguf: bool = False) -> RunnerConfig:
     """The runner an engine config needs: token buckets up to the largest step the
     scheduler can emit (`max_step_tokens`), so the warm-up covers every step; its
     numeric form resolved on JAX's default backend for the model (serving_form; mla:
-    an MLA model); the sliding-window layers' own pool for a model whose widest window
-    is `window` (window_pool_slots)."""
+    an MLA model; gguf: its matrices are in their GGUF blocks); the sliding-window
+    layers' own pool for a model whose widest window is `window` (window_pool_slots)."""
     if c.enable_deterministic_inference and mla:
         raise EngineConfigError("deterministic inference has no form for MLA attention yet "
                                 "(model/mla.py); leave it unset for an MLA model")
-    form = serving_form(c, jax.default_backend(), mla)
+    form = serving_form(c, jax.default_backend(), mla, gguf)
+    if c.num_slots is None or c.max_context is None:  # no model to size them for
+        c = replace(c, num_slots=c.num_slots or FALLBACK_POOL,
+                    max_context=c.max_context or FALLBACK_CONTEXT)
     return RunnerConfig(
         num_slots=c.num_slots, max_batch_tokens=c.max_step_tokens, max_running=c.max_running,
         max_context=c.max_context, attention_backend=c.attention_backend,
@@ -142,13 +157,18 @@ class Engine:
         else:
             placer = placer_for(self.layout) if self.layout is not None else None
             loaded = load_model(model, dtype=self.config.dtype, placer_for=placer,
-                                gguf_blocks=self.config.quantization == "gguf")
+                                gguf_blocks=in_blocks(self.config, model))
             params, self.model_config, self.tokenizer = loaded.params, loaded.cfg, loaded.tokenizer
+        mla, gguf = self.model_config.mla is not None, holds_blocks(params)
+        kv_dtype = serving_form(self.config, jax.default_backend(), mla, gguf).kv_dtype
+        per_token = dp_ranks * kv_pool_bytes(self.model_config, 1, jnp.dtype(kv_dtype))
+        # every host of a cluster sizes the same pool: memory decides only on one host
+        self.config = sized(self.config, self.model_config, per_token,
+                            sys.maxsize if self.dist.is_multihost else available_bytes())
         enable_persistent_cache()
         self.runner = ModelRunner(self.model_config, params,
-                                  runner_config_for(self.config, dp_ranks,
-                                                    self.model_config.mla is not None,
-                                                    self.model_config.max_window),
+                                  runner_config_for(self.config, dp_ranks, mla,
+                                                    self.model_config.max_window, gguf),
                                   self.layout, device)
         if warmup:
             self.runner.warmup()

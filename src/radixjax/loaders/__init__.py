@@ -15,6 +15,7 @@ from radixjax.loaders.gguf_reader import read_gguf
 from radixjax.loaders.hf import is_hf_folder, load_hf_config, load_hf_params
 from radixjax.loaders.packaged import PACKAGED_MODELS, ModelNotFoundError, resolve_packaged
 from radixjax.loaders.tokenizer import load_hf_tokenizer, tokenizer_from_gguf_metadata
+from radixjax.model import gguf_blocks
 from radixjax.model.config import ModelConfig
 from radixjax.model.params import Params, Placer
 
@@ -49,6 +50,17 @@ def resolve_model_path(path: str | Path | None) -> Path:
     if path is None:
         return default_model_path()
     return resolve_packaged(str(path)) or Path(path)
+
+
+def blocks_servable(path: str | Path | None) -> bool:
+    """Whether the model at `path` (as load_model takes it) is a GGUF file and this JAX
+    backend multiplies GGUF blocks (model/gguf_blocks.py): the "gguf" form is its
+    default (engine/config.py serving_form)."""
+    try:
+        p = resolve_model_path(path)
+    except ModelNotFoundError:
+        return False
+    return is_gguf_file(p) and gguf_blocks.available()
 
 
 def load_model(path: str | Path | None = None, dtype: Any = "float32",

@@ -18,9 +18,10 @@ products read the file's own blocks (gguf_matmul.cc, an XLA FFI handler compiled
 The activations enter as int8 per 32 values with an f32 scale each (llama.cpp uses 32 for
 the legacy types and 256 for K-quants); one VNNI instruction multiplies 4 values of an
 activation row by the same 4 values of 16 weight rows, the integer sums exact, scaled in
-f32 once per group of 32 (Q6_K: 16) values, a row's bits the same in any batch. Types with a product: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
-(PRODUCT_TYPES); a matrix of another type is dequantized and takes the current path
-(w8a16_int8), said once at load.
+f32 once per group of 32 (Q6_K: 16) values, a row's bits the same in any batch. Types
+with a product: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (PRODUCT_TYPES); a matrix
+of another type is dequantized and takes the current path (w8a16_int8), said once at
+load. The default form of a GGUF file on one CPU device (engine/config.py serving_form).
 
 In a layer group's scan the data stays whole (resident, like oneDNN's packed stacks:
 layer_stack.split_resident) and each layer's segs row carries its offsets and types, so
@@ -95,6 +96,12 @@ class BlockWeight:
     @property
     def n(self) -> int:
         return sum(self.rows)
+
+
+def holds_blocks(params: object) -> bool:
+    """Whether a parameter tree has matrices in their GGUF blocks."""
+    leaves = jax.tree_util.tree_leaves(params, is_leaf=lambda x: isinstance(x, BlockWeight))
+    return any(isinstance(x, BlockWeight) for x in leaves)
 
 
 def packed(raw: np.ndarray, qtype: int, k: int) -> np.ndarray:
