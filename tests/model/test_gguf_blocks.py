@@ -6,6 +6,8 @@ mixed-type segments and a layer scan over a stack read in place."""
 
 from __future__ import annotations
 
+import gc
+
 import gguf
 import jax
 import jax.numpy as jnp
@@ -176,11 +178,14 @@ def test_smollm2_in_its_blocks_tracks_float32(smollm2) -> None:
     (tied) head stay in their blocks; prompt logits track the float32 form's (which
     equals HF's, test_smollm2_gguf.py), and with deterministic inference (the serving
     default) a request's logits are the same bits alone or beside others."""
-    from radixjax.loaders import load_model
+    from radixjax.loaders import default_model_path, load_model
     from radixjax.runtime.batch import RequestSlice, build_batch
     from tests.model.harness import rel_err, tiny_runner
 
     m = load_model(None, load_tokenizer=False, gguf_blocks=True)
+    gc.collect()  # nothing loaded keeps the file mapped (its pages would stay resident)
+    path = str(default_model_path())
+    assert not [line for line in open("/proc/self/maps") if path in line]  # noqa: SIM115
     assert isinstance(m.params["embed"], gguf_blocks.BlockWeight)
     assert all(isinstance(m.params["layers"][0][n], gguf_blocks.BlockWeight)
                for n in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"))
