@@ -246,3 +246,17 @@ def test_a_gguf_file_serves_in_its_blocks_by_default(tiny_model_dir) -> None:
     assert in_blocks(EngineConfig(), None) == gguf_blocks.available()  # SmolLM2's GGUF
     assert not in_blocks(EngineConfig(), tiny_model_dir("llama"))  # an HF folder
     assert not in_blocks(EngineConfig(quantization="none"), None)
+
+
+def test_gguf_over_an_hf_folder_says_it_runs_w8a16(tiny_model_dir, caplog) -> None:
+    """--quantization gguf where nothing is in blocks (an HF folder): said, and every
+    matrix takes the w8a16 path."""
+    import logging
+
+    from radixjax.model.quant import A16Int8Weight
+
+    m = load_model(tiny_model_dir("llama"))
+    with caplog.at_level(logging.WARNING):
+        q = quantize_params(m.params, "gguf", use_onednn=False)
+    assert "no matrix is in GGUF blocks" in caplog.text
+    assert isinstance(q["layers"][0]["wo"], A16Int8Weight)

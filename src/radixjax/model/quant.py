@@ -72,6 +72,7 @@ the reference (RunnerConfig.onednn=False)."""
 
 from __future__ import annotations
 
+import logging
 from typing import NamedTuple
 
 import jax
@@ -82,6 +83,8 @@ from radixjax.model import cpu, gguf_blocks, onednn
 from radixjax.model.dense_weights import FUSED_WEIGHTS, LINEAR_WEIGHTS, OutIn, out_in_linear
 from radixjax.model.forms import QUANTIZATIONS
 from radixjax.model.params import Params
+
+log = logging.getLogger(__name__)
 
 
 class Int8Weight(NamedTuple):
@@ -272,6 +275,9 @@ def quantize_params(params: Params, quantization: str,
     blocks = quantization == "gguf"
     if blocks:
         quantization = "w8a16_int8"  # for the matrices not in blocks
+        if not gguf_blocks.holds_blocks(params):
+            log.warning("quantization gguf: no matrix is in GGUF blocks (not a GGUF file, "
+                        "or the handler is not built here): all run as w8a16_int8")
     def quantize(w: jax.Array) -> Int8Weight | PackedInt8Weight | gguf_blocks.BlockWeight:
         if isinstance(w, gguf_blocks.BlockWeight):
             return w
