@@ -36,7 +36,14 @@ from radixjax.engine.request import Req, ReqState
 from radixjax.engine.speculative import StepCosts, eligible, plan, proposal, state_of
 from radixjax.engine.stats import EngineStats
 from radixjax.engine.waiting_queue import WaitingQueue
-from radixjax.runtime.batch import HostBatch, PrefixMemo, PromptScores, RequestSlice, build_batch
+from radixjax.runtime.batch import (
+    HostBatch,
+    PrefixMemo,
+    PromptScores,
+    RequestSlice,
+    build_batch,
+    pick_bucket,
+)
 from radixjax.runtime.model_runner import ModelRunner, StepOptions
 from radixjax.sampling.params import SamplingArrays
 
@@ -132,7 +139,21 @@ class BatchBuilding:
             decodes = self._reserve_decode_slots(decodes, may_retract=False)
             reqs += decodes
             num_new += [1] * len(decodes)
+        self._fill_bucket(reqs, num_new, num_extend)
         return self._build(reqs, num_new, is_prefill=True, num_extend=num_extend)
+
+    def _fill_bucket(self, reqs: list[Req], num_new: list[int], num_extend: int) -> None:
+        """A step costs its token bucket, not its tokens: chunked prefills take the
+        padding the step would carry, up to their prompts' ends (8 distinct 832-token
+        prompts, chunks of 512: steps of 832 tokens ran as 1024; issue 53)."""
+        total = sum(num_new)
+        room = pick_bucket(total, self.runner.buckets.tokens, "tokens") - total
+        for i in range(num_extend):
+            r = reqs[i]
+            more = min(room, r.seq_len - r.num_computed - num_new[i])
+            if more > 0:
+                num_new[i] += more
+                room -= more
 
     def _admit(self, reqs: list[Req], num_new: list[int], budget: int) -> None:
         """Admit waiting requests in the policy's order into reqs / num_new."""
