@@ -479,17 +479,22 @@ constexpr int64_t kTilesPerTask = 8;
 struct Work {
   std::vector<Segment> segs;
   std::vector<std::pair<int, int64_t>> tasks;  // (segment, first tile)
-  const Act* act;
+  std::atomic<const Act*> act{nullptr};  // set once the activations are quantized
   int64_t m, n;
   float* y;
   std::atomic<int64_t> next{0}, done{0};
 
   void take() {
-    for (int64_t i; (i = next.fetch_add(1)) < static_cast<int64_t>(tasks.size());) {
+    const int64_t count = static_cast<int64_t>(tasks.size());
+    while (act.load(std::memory_order_acquire) == nullptr) {  // a helper woken early
+      if (next.load(std::memory_order_relaxed) >= count) return;
+      _mm_pause();
+    }
+    for (int64_t i; (i = next.fetch_add(1)) < count;) {
       const Segment& s = segs[tasks[i].first];
       const int64_t t0 = tasks[i].second;
       const int64_t t1 = std::min((s.rows + kLanes - 1) / kLanes, t0 + kTilesPerTask);
-      product_any(s, t0, t1, *act, m, y, n);
+      product_any(s, t0, t1, *act.load(std::memory_order_relaxed), m, y, n);
       done.fetch_add(1, std::memory_order_release);
     }
   }
@@ -547,13 +552,14 @@ ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "gguf_matmul: N != sum(rows)");
   }
   if (work->m == 0 || work->n == 0) return ffi::Error::Success();
-  Act act(x.typed_data(), work->m, xd[1]);
-  work->act = &act;
   work->y = y->typed_data();
-  const int64_t helpers = std::min<int64_t>(
-      static_cast<int64_t>(std::thread::hardware_concurrency()) - 1,
-      static_cast<int64_t>(work->tasks.size()) - 1);
+  // Helpers are woken first: a pool thread takes ~30 us to wake, the quantization below
+  // runs meanwhile (measured in a decode step of the 1.5B: 13 + 28 us of 98 before)
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(),
+                                            static_cast<int64_t>(work->tasks.size())) - 1;
   for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work->take(); });
+  Act act(x.typed_data(), work->m, xd[1]);
+  work->act.store(&act, std::memory_order_release);
   work->take();
   while (work->done.load(std::memory_order_acquire) < static_cast<int64_t>(work->tasks.size())) {
     std::this_thread::yield();
