@@ -5,7 +5,8 @@
                                   allocated, a table row) while the token budget and
                                   the pool's reserve for running decodes allow
                                   (SGLang's PrefillAdder); with mixed steps, decodes ride
-                                  along
+                                  along; a chunked prefill takes the rest of the step's
+                                  token bucket (no padding)
                  else decode    - every running request one token; short of KV, the most
                                   recently admitted are retracted (freed, requeued first)
                  -> ScheduledBatch: the host batch (runtime/batch.py), sampling options,
