@@ -23,7 +23,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from pallas_kernels.compat import dot, resolve_interpret, triton_params
-from pallas_kernels.gguf_planes import SPECS, Planes
+from pallas_kernels.gguf_planes import Form, Planes
 
 BLOCK_N = 64  # output columns (weight rows) a program owns
 MAX_BLOCK_M = 64  # activation rows a program owns (tl.dot: at least 16)
@@ -37,7 +37,7 @@ def pad_rows(p: Planes, multiple: int = BLOCK_N) -> Planes:
     def pad(a: np.ndarray | None) -> np.ndarray | None:
         return None if a is None else np.pad(a, ((0, extra), (0, 0)))
 
-    return Planes(p.qtype, p.n, p.k, pad(p.codes), pad(p.hi), pad(p.d), pad(p.s), pad(p.dm),
+    return Planes(p.form, p.n, p.k, pad(p.codes), pad(p.hi), pad(p.d), pad(p.s), pad(p.dm),
                   pad(p.mn))
 
 
@@ -81,10 +81,10 @@ def _block_m(m: int) -> int:
     return max(16, min(MAX_BLOCK_M, 1 << max(0, (m - 1).bit_length())))
 
 
-@functools.partial(jax.jit, static_argnames=("qtype", "n", "k", "interpret"))
-def _matmul(x, codes, hi, d, s, dm, mn, *, qtype: int, n: int, k: int,
+@functools.partial(jax.jit, static_argnames=("form", "n", "k", "interpret"))
+def _matmul(x, codes, hi, d, s, dm, mn, *, form: Form, n: int, k: int,
             interpret: bool | None) -> jax.Array:
-    spec = SPECS[qtype]
+    spec = form
     m = x.shape[0]
     block_m = _block_m(m)
     mp, np_ = -(-m // block_m) * block_m, codes.shape[0]
@@ -119,5 +119,5 @@ def gguf_matmul(x: jax.Array, p: Planes, *, interpret: bool | None = None) -> ja
     by pad_rows) -> [M, N] f32."""
     if x.ndim != 2 or x.shape[1] != p.k:
         raise ValueError(f"x must be [M, {p.k}], got {x.shape}")
-    return _matmul(x, p.codes, p.hi, p.d, p.s, p.dm, p.mn, qtype=p.qtype, n=p.n, k=p.k,
+    return _matmul(x, p.codes, p.hi, p.d, p.s, p.dm, p.mn, form=p.form, n=p.n, k=p.k,
                    interpret=interpret)

@@ -24,7 +24,7 @@ type. Bits a weight (file): Q4_K 4.63 (4.5), Q6_K 6.56 (6.56), Q5_K 6.63 (5.5), 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import NamedTuple
 
@@ -32,51 +32,77 @@ import jax
 import numpy as np
 
 
-class Spec(NamedTuple):
-    bits: int
-    group: int
-    sblock: int
-    off: int
-    file_bytes: int  # one file block's bytes (sblock values)
+class Form(NamedTuple):
+    """What a matrix's planes hold (the module docstring's formula)."""
+
+    bits: int  # code bits: 4, 5, 6 or 8
+    group: int  # values a sub-scale (s, mn) covers
+    sblock: int  # values a d / dm covers
+    off: int  # subtracted from every code
+    scales: bool  # an s plane
+    mins: int  # 0: no dm term; 1: dm alone (legacy min); 2: dm * mn (K-quants)
 
 
-SPECS = {  # GGML type id -> Spec
-    2: Spec(4, 32, 32, 8, 18),  # Q4_0
-    3: Spec(4, 32, 32, 0, 20),  # Q4_1
-    6: Spec(5, 32, 32, 16, 22),  # Q5_0
-    7: Spec(5, 32, 32, 0, 24),  # Q5_1
-    8: Spec(8, 32, 32, 128, 34),  # Q8_0 (codes stored + 128)
-    12: Spec(4, 32, 256, 0, 144),  # Q4_K
-    13: Spec(5, 32, 256, 0, 176),  # Q5_K
-    14: Spec(6, 16, 256, 32, 210),  # Q6_K
+FORMS = {  # GGML type id -> its own form
+    2: Form(4, 32, 32, 8, False, 0),  # Q4_0
+    3: Form(4, 32, 32, 0, False, 1),  # Q4_1
+    6: Form(5, 32, 32, 16, False, 0),  # Q5_0
+    7: Form(5, 32, 32, 0, False, 1),  # Q5_1
+    8: Form(8, 32, 32, 128, False, 0),  # Q8_0 (codes stored + 128)
+    12: Form(4, 32, 256, 0, True, 2),  # Q4_K
+    13: Form(5, 32, 256, 0, True, 2),  # Q5_K
+    14: Form(6, 16, 256, 32, True, 0),  # Q6_K
 }
+FILE_BYTES = {2: 18, 3: 20, 6: 22, 7: 24, 8: 34, 12: 144, 13: 176, 14: 210}  # a block's
+
+
+def common_form(forms: list[Form]) -> Form:
+    """The least form every one of `forms` converts to exactly (a stacked layer group
+    whose layers differ in type: Q4_K_M's Q4_K and Q6_K ffn_down -> 6 bits, groups of
+    16, codes offset by 32, with mins)."""
+    out = Form(max(f.bits for f in forms), min(f.group for f in forms),
+               min(f.sblock for f in forms), max(f.off for f in forms),
+               any(f.scales for f in forms) or len({f.group for f in forms}) > 1,
+               max(f.mins for f in forms))
+    for f in forms:
+        if (1 << f.bits) - 1 + out.off - f.off >= 1 << out.bits:
+            raise ValueError(f"no common form for {forms}")
+    return out
 
 
 @partial(jax.tree_util.register_dataclass,
-         data_fields=["codes", "hi", "d", "s", "dm", "mn"], meta_fields=["qtype", "n", "k"])
+         data_fields=["codes", "hi", "d", "s", "dm", "mn"], meta_fields=["form", "n", "k"])
 @dataclass(frozen=True)
 class Planes:
-    """One matrix [n, k] of GGML type `qtype` as planes (module docstring); numpy on the
-    host, jax arrays once put on a device (a pytree's leaves are the arrays)."""
+    """One matrix [n, k] as planes of a form (module docstring); numpy on the host, jax
+    arrays once put on a device (a pytree's leaves are the arrays; a stack of layers'
+    planes has a leading layer axis)."""
 
-    qtype: int
+    form: Form
     n: int
     k: int
     codes: object  # [N, K] u8 (8 bits) or nib [N, K / 2] u8
     hi: object | None  # [N, K / 4] u8 (5 and 6 bits)
     d: object  # [N, K / sblock] f16
-    s: object | None  # [N, K / group] i8 (K-quants)
-    dm: object | None  # [N, K / sblock] f16 (types with a min)
-    mn: object | None  # [N, K / group] i8 (K-quants with a min)
-
-    @property
-    def spec(self) -> Spec:
-        return SPECS[self.qtype]
+    s: object | None  # [N, K / group] i8 (form.scales)
+    dm: object | None  # [N, K / sblock] f16 (form.mins >= 1)
+    mn: object | None  # [N, K / group] i8 (form.mins == 2)
 
     def nbytes(self) -> int:
         return sum(int(np.prod(a.shape)) * a.dtype.itemsize
                    for a in (self.codes, self.hi, self.d, self.s, self.dm, self.mn)
                    if a is not None)
+
+
+class Parts(NamedTuple):
+    """A matrix's fields unpacked, in some form: codes [N, K] (unsigned), d and dm
+    [N, K / sblock] f16, s and mn [N, K / group] i8 (absent: None)."""
+
+    codes: np.ndarray
+    d: np.ndarray
+    s: np.ndarray | None
+    dm: np.ndarray | None
+    mn: np.ndarray | None
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -142,59 +168,102 @@ def _decode(raw: np.ndarray, qtype: int) -> tuple:
     return codes, d, s, dm, mn
 
 
-def to_planes(raw: np.ndarray, qtype: int, k: int) -> Planes:
-    """The file's rows of one matrix ([N, row bytes] u8, or flat) -> Planes."""
-    spec = SPECS.get(qtype)
-    if spec is None:
-        raise ValueError(f"no GPU planes for GGML type {qtype}")
-    per = 4 * spec.group if spec.bits in (5, 6) else 2 * spec.group
-    if k % spec.sblock or k % per:
-        raise ValueError(f"K = {k} does not fit GGML type {qtype}'s planes")
-    nb = k // spec.sblock
-    raw = np.asarray(raw, np.uint8).reshape(-1, nb, spec.file_bytes)
-    n = raw.shape[0]
-    codes, d, s, dm, mn = _decode(raw, qtype)
-    c = codes.reshape(n, k // spec.group, spec.group).astype(np.uint8)  # [N, groups, G]
+def _convert(p: Parts, src: Form, dst: Form) -> Parts:
+    """Parts of form src -> the same weights (bit for bit) in form dst."""
+    def per(a: np.ndarray | None, ratio: int, fill: int | None, dtype) -> np.ndarray | None:
+        if a is None:
+            return None if fill is None else np.full(
+                (n, p.codes.shape[1] // (dst.group if dtype == np.int8 else dst.sblock)),
+                fill, dtype)
+        return np.repeat(a, ratio, axis=1)
+
+    n = p.codes.shape[0]
+    codes = (p.codes.astype(np.int16) + (dst.off - src.off)).astype(np.uint8)
+    g, sb = src.group // dst.group, src.sblock // dst.sblock
+    d = per(p.d, sb, None, np.float16)
+    s = per(p.s, g, 1, np.int8) if dst.scales else None
+    dm = per(p.dm, sb, 0, np.float16) if dst.mins else None
+    mn = per(p.mn, g, 1 if src.mins == 1 else 0, np.int8) if dst.mins == 2 else None
+    return Parts(codes, d, s, dm, mn)
+
+
+def _encode(p: Parts, form: Form) -> Planes:
+    n, k = p.codes.shape
+    per = 4 * form.group if form.bits in (5, 6) else 2 * form.group
+    if k % form.sblock or k % per:
+        raise ValueError(f"K = {k} does not fit the form {form}'s planes")
+    c = p.codes.reshape(n, k // form.group, form.group)  # [N, groups, G]
     hi = None
-    if spec.bits == 8:
+    if form.bits == 8:
         plane = c.reshape(n, k)
     else:
-        pairs = c.reshape(n, -1, 2, spec.group) & 15
+        pairs = c.reshape(n, -1, 2, form.group) & 15
         plane = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(n, k // 2)
-        if spec.bits > 4:
-            quads = (c.reshape(n, -1, 4, spec.group) >> 4) & 3
+        if form.bits > 4:
+            quads = (c.reshape(n, -1, 4, form.group) >> 4) & 3
             shifts = (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]
             hi = np.bitwise_or.reduce(quads << shifts, axis=2).astype(np.uint8).reshape(n, k // 4)
+    return Planes(form, n, k, np.ascontiguousarray(plane), hi,
+                  *(None if a is None else np.ascontiguousarray(a) for a in p[1:]))
+
+
+def to_planes(raw: np.ndarray, qtype: int, k: int, form: Form | None = None) -> Planes:
+    """The file's rows of one matrix ([N, row bytes] u8, or flat) -> Planes, in the
+    type's own form or in `form` (one every layer of a stack converts to)."""
+    own = FORMS.get(qtype)
+    if own is None:
+        raise ValueError(f"no GPU planes for GGML type {qtype}")
+    if k % own.sblock:
+        raise ValueError(f"K = {k} does not fit GGML type {qtype}")
+    raw = np.asarray(raw, np.uint8).reshape(-1, k // own.sblock, FILE_BYTES[qtype])
+    n = raw.shape[0]
+    codes, d, s, dm, mn = _decode(raw, qtype)
 
     def flat(a: np.ndarray | None) -> np.ndarray | None:
-        return None if a is None else np.ascontiguousarray(a.reshape(n, -1))
+        return None if a is None else a.reshape(n, -1)
 
-    return Planes(qtype, n, k, np.ascontiguousarray(plane), hi, flat(d), flat(s), flat(dm),
-                  flat(mn))
+    parts = Parts(codes.reshape(n, k).astype(np.uint8), flat(d), flat(s), flat(dm), flat(mn))
+    return _encode(_convert(parts, own, form or own), form or own)
 
 
-def dequantize(p: Planes, xp=np) -> np.ndarray:
-    """Planes -> [N, K] f32 (the gguf package's values, bit for bit); xp: numpy or jnp
-    (the kernel's reference in tests)."""
-    spec = p.spec
-    g = p.k // spec.group
+def to_form(p: Planes, form: Form) -> Planes:
+    """The same matrix (its rows as they are, padded or not) in another form."""
+    if p.form == form:
+        return p
+    codes = np.asarray(_codes(p)).reshape(-1, p.k).astype(np.uint8)
+    parts = Parts(codes, *(None if a is None else np.asarray(a) for a in (p.d, p.s, p.dm, p.mn)))
+    return replace(_encode(_convert(parts, p.form, form), form), n=p.n)
+
+
+def _codes(p: Planes, xp=np):
+    """Planes -> codes [N, groups, G] int32 (unsigned)."""
+    form = p.form
+    g = p.k // form.group
     groups = xp.arange(g)
-    if spec.bits == 8:
-        code = p.codes.reshape(p.n, g, spec.group).astype(xp.int32)
-    else:
-        nib = p.codes.reshape(p.n, g // 2, spec.group).astype(xp.int32)
-        code = (nib[:, groups // 2] >> (4 * (groups % 2))[None, :, None]) & 15
-        if spec.bits > 4:
-            hb = p.hi.reshape(p.n, g // 4, spec.group).astype(xp.int32)
-            code = code | (((hb[:, groups // 4] >> (2 * (groups % 4))[None, :, None]) & 3) << 4)
-    sb = groups // (spec.sblock // spec.group)
+    rows = p.codes.shape[0]  # p.n, or more where padded
+    if form.bits == 8:
+        return p.codes.reshape(rows, g, form.group).astype(xp.int32)
+    nib = p.codes.reshape(rows, g // 2, form.group).astype(xp.int32)
+    code = (nib[:, groups // 2] >> (4 * (groups % 2))[None, :, None]) & 15
+    if form.bits > 4:
+        hb = p.hi.reshape(rows, g // 4, form.group).astype(xp.int32)
+        code = code | (((hb[:, groups // 4] >> (2 * (groups % 4))[None, :, None]) & 3) << 4)
+    return code
+
+
+def dequantize(p: Planes, xp=np):
+    """Planes -> [N, K] f32 (the gguf package's values, bit for bit); xp: numpy or jnp
+    (an embedding's gathered rows; the kernel's reference in tests)."""
+    form = p.form
+    code = _codes(p, xp)
+    sb = xp.arange(p.k // form.group) // (form.sblock // form.group)
     scale = p.d.astype(xp.float32)[:, sb]  # [N, groups]
     if p.s is not None:
         scale = scale * p.s.astype(xp.float32)
-    w = scale[:, :, None] * (code - spec.off).astype(xp.float32)
+    w = scale[:, :, None] * (code - form.off).astype(xp.float32)
     if p.dm is not None:
         mins = p.dm.astype(xp.float32)[:, sb]
         if p.mn is not None:
             mins = mins * p.mn.astype(xp.float32)
         w = w + mins[:, :, None]
-    return w.reshape(p.n, p.k)
+    return w.reshape(-1, p.k)

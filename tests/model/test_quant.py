@@ -241,7 +241,9 @@ def test_a_gguf_file_serves_in_its_blocks_by_default(tiny_model_dir) -> None:
     assert serving_form(EngineConfig(quantization="w8a16_int8"), "cpu", gguf=True).quantization \
         == "w8a16_int8"
     assert serving_form(EngineConfig(tp=2), "cpu", gguf=True).quantization == "none"
-    assert serving_form(EngineConfig(), "gpu", gguf=True).quantization == "none"
+    # one GPU: the planes and their Pallas kernel (model/gguf_gpu.py, tests/model/test_gguf_gpu.py)
+    assert serving_form(EngineConfig(), "gpu", gguf=True) == ServingForm("gguf", "bfloat16", False)
+    assert serving_form(EngineConfig(tp=2), "gpu", gguf=True).quantization == "none"
     assert runner_config_for(EngineConfig(), gguf=True).quantization == "gguf"
     assert in_blocks(EngineConfig(), None) == gguf_blocks.available()  # SmolLM2's GGUF
     assert not in_blocks(EngineConfig(), tiny_model_dir("llama"))  # an HF folder

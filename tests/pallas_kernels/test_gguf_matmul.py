@@ -15,15 +15,15 @@ import pytest
 
 from pallas_kernels.compat import lower_for_cuda
 from pallas_kernels.gguf_matmul import BLOCK_N, gguf_matmul, pad_rows
-from pallas_kernels.gguf_planes import SPECS, Planes, dequantize, to_planes
+from pallas_kernels.gguf_planes import FILE_BYTES, FORMS, Planes, common_form, dequantize, to_planes
 from tests.model.test_gguf_blocks import T, dequantized, random_blocks
 
-TYPES = sorted(SPECS)
+TYPES = sorted(FORMS)
 IDS = [T(t).name for t in TYPES]
 
 
 def _k(qtype: int) -> int:
-    return 512 if SPECS[qtype].sblock == 256 else 128
+    return 512 if FORMS[qtype].sblock == 256 else 128
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=IDS)
@@ -33,11 +33,26 @@ def test_planes_dequantize_as_the_gguf_package_does(qtype: int) -> None:
     raw = random_blocks(rng, T(qtype), 24, k)
     p = to_planes(raw, qtype, k)
     np.testing.assert_array_equal(dequantize(p), dequantized(raw, T(qtype)))
-    assert p.nbytes() * 8 / (24 * k) <= SPECS[qtype].bits + 2.5  # bits a weight: no copy
+    assert p.nbytes() * 8 / (24 * k) <= FORMS[qtype].bits + 2.5  # bits a weight: no copy
 
 
 def _on_device(p: Planes) -> Planes:
     return jax.tree.map(jnp.asarray, pad_rows(p), is_leaf=lambda a: isinstance(a, np.ndarray))
+
+
+@pytest.mark.parametrize("pair", [(12, 14), (2, 8), (6, 3), (13, 12)],
+                         ids=["Q4_K+Q6_K", "Q4_0+Q8_0", "Q5_0+Q4_1", "Q5_K+Q4_K"])
+def test_a_common_form_holds_each_type_exactly(pair: tuple[int, int]) -> None:
+    """Layers of one stack whose types differ (Q4_K_M: Q4_K and Q6_K ffn_down) share a
+    form their planes convert to with the same weights, bit for bit."""
+    rng = np.random.default_rng(sum(pair))
+    form = common_form([FORMS[t] for t in pair])
+    k = max(_k(t) for t in pair)
+    for qtype in pair:
+        raw = random_blocks(rng, T(qtype), 8, k)
+        p = to_planes(raw, qtype, k, form)
+        assert p.form == form
+        np.testing.assert_array_equal(dequantize(p), dequantized(raw, T(qtype)))
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=IDS)
@@ -61,7 +76,7 @@ def test_kernel_lowers_for_cuda_reading_the_planes_in_place(qtype: int, k: int,
     Q8_0 at 896): one Triton call; nothing [N, K]-sized in a float type outside it."""
     n, m = 1536, 8
     planes = jax.eval_shape(lambda: _on_device(to_planes(
-        np.zeros((n, k // SPECS[qtype].sblock * SPECS[qtype].file_bytes), np.uint8),
+        np.zeros((n, k // FORMS[qtype].sblock * FILE_BYTES[qtype]), np.uint8),
         qtype, k)))
     text = lower_for_cuda(partial(gguf_matmul, interpret=False),
                           jax.ShapeDtypeStruct((m, k), dtype), planes).as_text()

@@ -190,18 +190,20 @@ def serving_form(c: EngineConfig, platform: str, mla: bool = False,
     """c's quantization, KV dtype and deterministic inference on this JAX platform
     ("cpu", "gpu", ..: jax.default_backend()), "auto" / None resolved: where one CPU
     device runs float32 weights, "gguf" for a GGUF file whose matrices multiply in their
-    blocks here (gguf: loaders.blocks_servable) and w8a16_int8 for others (elsewhere
-    "none"), a bfloat16 KV pool beside int8 / block products (elsewhere the weights'
-    dtype), deterministic inference wherever the native attention backend runs. mla: an
-    MLA model (DeepSeek), whose attention has no deterministic form: "none" and no
-    deterministic inference unless asked, so that the default makes no promise it
-    cannot keep."""
+    blocks here (gguf: loaders.blocks_servable) and w8a16_int8 for others; on one GPU
+    "gguf" for such a file (its planes, model/gguf_gpu.py); elsewhere "none"; a bfloat16
+    KV pool beside int8 / block products (elsewhere the weights' dtype), deterministic
+    inference wherever the native attention backend runs. mla: an MLA model (DeepSeek),
+    whose attention has no deterministic form: "none" and no deterministic inference
+    unless asked, so that the default makes no promise it cannot keep."""
     quant = c.quantization
     if quant == "auto":
-        one_cpu = platform == "cpu" and c.tp == 1 and not c.enable_dp_attention
+        one_device = c.tp == 1 and not c.enable_dp_attention
         quant = "none"
-        if one_cpu and c.dtype == "float32" and not mla:
+        if platform == "cpu" and one_device and c.dtype == "float32" and not mla:
             quant = "gguf" if gguf else "w8a16_int8"
+        elif platform == "gpu" and one_device and gguf and not mla:
+            quant = "gguf"  # the planes and their Pallas kernel (model/gguf_gpu.py)
     kv = c.kv_cache_dtype
     if kv == "auto":
         kv = "bfloat16" if quant != "none" else c.dtype

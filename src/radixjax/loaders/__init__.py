@@ -60,17 +60,17 @@ def blocks_servable(path: str | Path | None) -> bool:
         p = resolve_model_path(path)
     except ModelNotFoundError:
         return False
-    return is_gguf_file(p) and gguf_blocks.available()
+    return is_gguf_file(p) and gguf_blocks.servable_here()
 
 
 def load_model(path: str | Path | None = None, dtype: Any = "float32",
                load_tokenizer: bool = True,
                placer_for: Callable[[ModelConfig], Placer] | None = None,
-               gguf_blocks: bool = False) -> LoadedModel:
+               gguf_blocks: bool | str = False) -> LoadedModel:
     """placer_for(cfg): puts each weight on the device(s), e.g. straight into its shards
     (parallel.shard_params.placer_for); None: the default device. gguf_blocks: a GGUF's
-    matrices stay in their blocks where they have a product (the "gguf" form; an HF
-    folder loads as ever)."""
+    matrices stay in their blocks where they have a product (the "gguf" form: the CPU's
+    tiles, a GPU's planes; "planes": the GPU's anywhere; an HF folder loads as ever)."""
     import jax.numpy as jnp
 
     jdtype = jnp.dtype(dtype)

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import gguf
+import jax
 import numpy as np
 
 from radixjax.loaders.gguf_reader import GGUFFile, GGUFTensor
 from radixjax.loaders.hf import split_fused
-from radixjax.model import gguf_blocks
+from radixjax.model import gguf_blocks, gguf_gpu
 from radixjax.model.config import ModelConfig, UnsupportedModelError
 from radixjax.model.params import Params, Placer, params_from_numpy
 
@@ -95,22 +96,26 @@ def _hf_rows(w: np.ndarray, ours: str, arch: str, cfg: ModelConfig) -> np.ndarra
     return w
 
 
-def _block_k(t: GGUFTensor) -> int | None:
-    """A matrix's K (values per row) where its type has a product in its blocks here;
-    else None."""
+def _block_k(t: GGUFTensor, planes: bool) -> int | None:
+    """A matrix's K (values per row) where its type has a product in its blocks here
+    (planes: the GPU kernel's, model/gguf_gpu.py); else None."""
     if t.data.ndim != 2 or t.tensor_type in (gguf.GGMLQuantizationType.F32,
                                              gguf.GGMLQuantizationType.F16,
                                              gguf.GGMLQuantizationType.BF16):
         return None
     k = t.data.shape[1] // gguf.GGML_QUANT_SIZES[t.tensor_type][1] * \
         gguf.GGML_QUANT_SIZES[t.tensor_type][0]
-    return k if gguf_blocks.has_product(int(t.tensor_type), k) else None
+    has = gguf_gpu.has_planes if planes else gguf_blocks.has_product
+    return k if has(int(t.tensor_type), k) else None
 
 
 def load_gguf_params(gf: GGUFFile, cfg: ModelConfig, arch: str, dtype: Any,
-                     placer: Placer | None = None, blocks: bool = False) -> Params:
-    """blocks: matrices with a product in their GGUF blocks stay in them (BlockWeight
-    leaves; the others dequantized, named once in the log)."""
+                     placer: Placer | None = None, blocks: bool | str = False) -> Params:
+    """blocks: matrices with a product in their GGUF blocks stay in them (the others
+    dequantized, named once in the log): BlockWeight leaves on the CPU, PlanesWeight
+    on a GPU or where blocks == "planes" (the GPU's form, interpreted elsewhere)."""
+    planes = blocks == "planes" or (blocks is True and jax.default_backend() == "gpu")
+    from_blocks = gguf_gpu.from_blocks if planes else gguf_blocks.from_blocks
     top: dict[str, Any] = {}
     layers: list[dict[str, Any]] = [{} for _ in range(cfg.num_layers)]
     dequantized: set[str] = set()
@@ -130,12 +135,12 @@ def load_gguf_params(gf: GGUFFile, cfg: ModelConfig, arch: str, dtype: Any,
             dest = top
         else:
             continue
-        k = _block_k(t) if blocks and (transpose or ours in ("embed", "lm_head")) else None
+        k = _block_k(t, planes) if blocks and (transpose or ours in ("embed", "lm_head")) else None
         if blocks and k is None and t.data.ndim == 2:
             dequantized.add(t.tensor_type.name)
         if k is not None:
             raw = _hf_rows(np.asarray(t.data), ours, arch, cfg)  # whole rows of blocks
-            dest[ours] = gguf_blocks.from_blocks(raw, int(t.tensor_type), k)
+            dest[ours] = from_blocks(raw, int(t.tensor_type), k)
             continue
         w = _hf_rows(dequantize(t), ours, arch, cfg)
         dest[ours] = w.T if transpose else w

@@ -22,6 +22,8 @@ f32 once per group of 32 (Q6_K: 16) values, a row's bits the same in any batch. 
 with a product: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (PRODUCT_TYPES); a matrix
 of another type is dequantized and takes the current path (w8a16_int8), said once at
 load. The default form of a GGUF file on one CPU device (engine/config.py serving_form).
+On a GPU the same form holds planes instead (model/gguf_gpu.py PlanesWeight, a Pallas
+kernel); concat, stack, to_device, block_linear and block_rows hand those there.
 
 In a layer group's scan the data stays whole (resident, like oneDNN's packed stacks:
 layer_stack.split_resident) and each layer's segs row carries its offsets and types, so
@@ -40,7 +42,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from radixjax.model import gguf_gpu
 from radixjax.model.ffi_library import compile_handler, load_handlers
+from radixjax.model.gguf_gpu import PlanesWeight
 
 SOURCE = Path(__file__).with_name("gguf_matmul.cc")
 LIBRARY = Path(__file__).with_name("_gguf_matmul.so")
@@ -98,10 +102,21 @@ class BlockWeight:
         return sum(self.rows)
 
 
+# a matrix in its GGUF blocks: tiles for the CPU handler, or planes for the GPU kernel
+# (model/gguf_gpu.py), whose functions these hand it to
+GGUF_WEIGHTS = (BlockWeight, PlanesWeight)
+
+
+def servable_here() -> bool:
+    """Whether this JAX backend multiplies GGUF blocks: a GPU (the Pallas kernel), or
+    the CPU with the handler built."""
+    return jax.default_backend() == "gpu" or available()
+
+
 def holds_blocks(params: object) -> bool:
     """Whether a parameter tree has matrices in their GGUF blocks."""
-    leaves = jax.tree_util.tree_leaves(params, is_leaf=lambda x: isinstance(x, BlockWeight))
-    return any(isinstance(x, BlockWeight) for x in leaves)
+    leaves = jax.tree_util.tree_leaves(params, is_leaf=lambda x: isinstance(x, GGUF_WEIGHTS))
+    return any(isinstance(x, GGUF_WEIGHTS) for x in leaves)
 
 
 def packed(raw: np.ndarray, qtype: int, k: int) -> np.ndarray:
@@ -129,6 +144,8 @@ def from_blocks(raw: np.ndarray, qtype: int, k: int) -> BlockWeight:
 def concat(parts: list[BlockWeight]) -> BlockWeight:
     """Matrices of one K (same-layer parts: q, k, v) -> one with their rows in order,
     each part's segments kept with their types."""
+    if isinstance(parts[0], PlanesWeight):
+        return gguf_gpu.concat(parts)
     datas, segs, rows, base = [], [], [], 0
     for p in parts:
         assert p.k == parts[0].k
@@ -143,12 +160,16 @@ def concat(parts: list[BlockWeight]) -> BlockWeight:
 def stack(layers: list[BlockWeight]) -> BlockWeight:
     """One matrix per layer of a group -> data one after another (on the device), segs
     [n, S, 2]."""
+    if isinstance(layers[0], PlanesWeight):
+        return gguf_gpu.stack(layers)
     one = concat(layers)  # the same bytes; its segs [n * S, 2]
     segs = np.asarray(one.segs).reshape(len(layers), -1, 2)
     return BlockWeight(jnp.asarray(one.data), jnp.asarray(segs), layers[0].rows, one.k)
 
 
 def to_device(w: BlockWeight) -> BlockWeight:
+    if isinstance(w, PlanesWeight):
+        return gguf_gpu.to_device(w)
     return BlockWeight(jnp.asarray(w.data), jnp.asarray(w.segs), w.rows, w.k)
 
 
@@ -160,6 +181,8 @@ def _require() -> None:
 
 def block_linear(x: jax.Array, w: BlockWeight) -> jax.Array:
     """x [T, K] f32 -> x @ w.T [T, N] f32 (w's segs: [S, 2], one layer's)."""
+    if isinstance(w, PlanesWeight):
+        return gguf_gpu.planes_linear(x, w)
     _require()
     out = jax.ShapeDtypeStruct((x.shape[0], w.n), jnp.float32)
     return jax.ffi.ffi_call(MATMUL, out)(x.astype(jnp.float32), w.data, w.segs,
@@ -169,6 +192,8 @@ def block_linear(x: jax.Array, w: BlockWeight) -> jax.Array:
 def block_rows(ids: jax.Array, w: BlockWeight) -> jax.Array:
     """ids [T] int32 -> rows [T, K] f32 of w (one segment), dequantized as the gguf
     package does (the same bits)."""
+    if isinstance(w, PlanesWeight):
+        return gguf_gpu.planes_rows(ids, w)
     _require()
     out = jax.ShapeDtypeStruct((ids.shape[0], w.k), jnp.float32)
     return jax.ffi.ffi_call(ROWS, out)(ids.astype(jnp.int32), w.data, w.segs,

@@ -88,7 +88,7 @@ def _stack_leaf(name: str, leaves: list) -> object:
     """One leaf of a group: a dense layer matrix as OutIn, GGUF blocks one layer after
     another (gguf_blocks.stack), anything else as it is (an Int8Weight stacked field by
     field)."""
-    if isinstance(leaves[0], BlockWeight):
+    if isinstance(leaves[0], gguf_blocks.GGUF_WEIGHTS):
         return gguf_blocks.stack(leaves)
     if name in LINEAR_WEIGHTS and isinstance(leaves[0], jax.Array):
         return OutIn(_stack(leaves, transpose=True))

@@ -13,7 +13,7 @@ import numpy as np
 
 from radixjax.model.config import LinearScaling, ModelConfig, RopeScaling, YarnScaling
 from radixjax.model.dense_weights import FUSED_WEIGHTS, OutIn, out_in_linear
-from radixjax.model.gguf_blocks import BlockWeight, block_linear
+from radixjax.model.gguf_blocks import GGUF_WEIGHTS, BlockWeight, block_linear
 from radixjax.model.params import Params
 from radixjax.model.quant import Int8Weight, PackedInt8Weight, int8_linear
 
@@ -44,7 +44,7 @@ def linear(x: jax.Array, w: jax.Array | OutIn | Int8Weight | PackedInt8Weight | 
            b: jax.Array | None = None) -> jax.Array:
     """x: [T, I] f32, w: [I, O] (f32 or bf16), the same stored [O, I] (OutIn), int8
     (model/quant.py) or in its GGUF blocks (model/gguf_blocks.py) -> [T, O] f32."""
-    if isinstance(w, BlockWeight):
+    if isinstance(w, GGUF_WEIGHTS):
         y = block_linear(x, w)
     elif isinstance(w, OutIn):
         y = out_in_linear(x, w)

@@ -14,7 +14,7 @@ import numpy as np
 
 from radixjax.model.attention import AttentionBackend, AttentionMetadata, soft_capped
 from radixjax.model.config import ModelConfig
-from radixjax.model.gguf_blocks import BlockWeight, block_linear, block_rows
+from radixjax.model.gguf_blocks import GGUF_WEIGHTS, block_linear, block_rows
 from radixjax.model.layer_stack import join_resident, layer_groups, split_resident
 from radixjax.model.layers import (
     apply_rope,
@@ -147,7 +147,7 @@ def lm_head(params: Params, h: jax.Array, cfg: ModelConfig,
     w = params["embed"] if cfg.tie_word_embeddings else params["lm_head"]
     if "lm_head_int8" in params:
         logits = int8_head(h, params["lm_head_int8"])
-    elif isinstance(w, BlockWeight):  # in its GGUF blocks
+    elif isinstance(w, GGUF_WEIGHTS):  # in its GGUF blocks
         logits = block_linear(h, w)
     else:
         if layout is not None and layout.is_sharded("vocab", cfg.vocab_size):
@@ -160,7 +160,7 @@ def lm_head(params: Params, h: jax.Array, cfg: ModelConfig,
 def _embed(params: Params, input_ids: jax.Array, cfg: ModelConfig,
            layout: Layout | None) -> jax.Array:
     """[T] int32 -> [T, D] f32."""
-    if isinstance(params["embed"], BlockWeight):  # rows dequantized from their blocks
+    if isinstance(params["embed"], GGUF_WEIGHTS):  # rows dequantized from their blocks
         x = block_rows(input_ids, params["embed"])
     elif layout is not None and layout.is_sharded("vocab", cfg.vocab_size):
         x = vocab_parallel_embed(params["embed"], input_ids, layout)

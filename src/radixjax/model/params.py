@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from radixjax.model.config import ModelConfig
-from radixjax.model.gguf_blocks import BlockWeight, to_device
+from radixjax.model.gguf_blocks import GGUF_WEIGHTS, to_device
 
 Params = dict[str, Any]
 
@@ -160,7 +160,7 @@ def params_from_numpy(
     """Check every leaf against its spec and move it to the device(s) in its dtype."""
 
     def put(name: str, spec: ParamSpec, arr: Any) -> Any:
-        if isinstance(arr, BlockWeight):  # a matrix in its GGUF blocks: (out, in)
+        if isinstance(arr, GGUF_WEIGHTS):  # a matrix in its GGUF blocks: (out, in)
             shape = (arr.n, arr.k) if name.startswith("model.") else (arr.k, arr.n)
             if shape != spec.shape:
                 raise ValueError(f"weight {name}: shape {shape}, expected {spec.shape}")

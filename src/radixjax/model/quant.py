@@ -241,7 +241,7 @@ def fused(lp: Params, groups: tuple[str, ...] = tuple(FUSED_WEIGHTS)) -> Params:
         if all(p in lp for p in parts):
             ws = [lp[p] for p in parts]
             lp = {k: v for k, v in lp.items() if k not in parts} | {
-                name: gguf_blocks.concat(ws) if isinstance(ws[0], gguf_blocks.BlockWeight)
+                name: gguf_blocks.concat(ws) if isinstance(ws[0], gguf_blocks.GGUF_WEIGHTS)
                 else jnp.concatenate(ws, axis=1)}
     return lp
 
@@ -250,7 +250,7 @@ def _fusable(layers: list[Params]) -> tuple[str, ...]:
     """The FUSED_WEIGHTS groups whose parts are all of one kind (all in GGUF blocks, or
     none) in every layer: fused alike, the layers stack."""
     def kinds(lp: Params, parts: tuple[str, ...]) -> set[bool]:
-        return {isinstance(lp[p], gguf_blocks.BlockWeight) for p in parts if p in lp}
+        return {isinstance(lp[p], gguf_blocks.GGUF_WEIGHTS) for p in parts if p in lp}
     return tuple(name for name, parts in FUSED_WEIGHTS.items()
                  if all(len(kinds(lp, parts)) <= 1 for lp in layers))
 
@@ -279,7 +279,7 @@ def quantize_params(params: Params, quantization: str,
             log.warning("quantization gguf: no matrix is in GGUF blocks (not a GGUF file, "
                         "or the handler is not built here): all run as w8a16_int8")
     def quantize(w: jax.Array) -> Int8Weight | PackedInt8Weight | gguf_blocks.BlockWeight:
-        if isinstance(w, gguf_blocks.BlockWeight):
+        if isinstance(w, gguf_blocks.GGUF_WEIGHTS):
             return w
         q = quantize_int8(w)
         if quantization == "w8a16_int8":
@@ -293,6 +293,6 @@ def quantize_params(params: Params, quantization: str,
     layers = [{k: quantize(v) if k in LINEAR_WEIGHTS else v
                for k, v in fused(lp, groups).items()} for lp in params["layers"]]
     head = params.get("lm_head", params["embed"])  # [V, D]; tied: the embedding
-    if blocks and isinstance(head, gguf_blocks.BlockWeight):  # multiplied in its blocks
+    if blocks and isinstance(head, gguf_blocks.GGUF_WEIGHTS):  # multiplied in its blocks
         return {**params, "layers": layers}
     return {**params, "layers": layers, "lm_head_int8": quantize(head.T)}
