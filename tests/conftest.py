@@ -79,7 +79,7 @@ def smollm2_served():
     """The default model as an engine or server given its path loads it by default: its
     matrices in their GGUF blocks where this machine multiplies them (the gguf form)."""
     from radixjax.engine.config import EngineConfig
-    from radixjax.engine.engine import in_blocks
+    from radixjax.engine.load_form import in_blocks
     from radixjax.loaders import load_model
 
     return load_model(None, gguf_blocks=in_blocks(EngineConfig(), None))

@@ -10,7 +10,7 @@ import time
 import jax
 
 from radixjax.engine.config import EngineConfig, serving_form
-from radixjax.engine.engine import in_blocks
+from radixjax.engine.load_form import in_blocks
 from radixjax.loaders import ModelNotFoundError, load_model
 from radixjax.model.config import UnsupportedModelError
 from radixjax.model.forms import QUANTIZATIONS

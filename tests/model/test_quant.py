@@ -234,7 +234,7 @@ def test_a_gguf_file_serves_in_its_blocks_by_default(tiny_model_dir) -> None:
     """A GGUF file whose blocks this backend multiplies (the default model here) takes the
     gguf form on one CPU device; an HF folder, an explicit form or several devices do not."""
     from radixjax.engine.config import ServingForm, serving_form
-    from radixjax.engine.engine import in_blocks
+    from radixjax.engine.load_form import in_blocks
     from radixjax.model import gguf_blocks
 
     assert serving_form(EngineConfig(), "cpu", gguf=True) == ServingForm("gguf", "bfloat16", True)

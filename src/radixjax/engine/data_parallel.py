@@ -28,13 +28,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from radixjax.engine.config import EngineConfig, EngineConfigError, serving_form
+from radixjax.engine.config import EngineConfig, EngineConfigError
 from radixjax.engine.dp_router import DPRouter
 from radixjax.engine.errors import RequestError
 from radixjax.engine.inputs import Prompt, batch_inputs, final_output
+from radixjax.engine.load_form import in_blocks
 from radixjax.engine.output import GenerateOutput, StreamChunk
 from radixjax.engine.snapshot import MAX_NODES
-from radixjax.loaders import blocks_servable, load_model
+from radixjax.loaders import load_model
 from radixjax.model.config import ModelConfig
 from radixjax.model.params import Params
 from radixjax.sampling.params import SamplingParams
@@ -75,8 +76,7 @@ class DataParallelEngine:
         self.router = DPRouter(dp_policy)
         slices = device_slices(dp, config.tp, devices)
         if params is None:
-            form = serving_form(config, jax.default_backend(), gguf=blocks_servable(model))
-            loaded = load_model(model, dtype=config.dtype, gguf_blocks=form.quantization == "gguf")
+            loaded = load_model(model, dtype=config.dtype, gguf_blocks=in_blocks(config, model))
             params, model_config, tokenizer = loaded.params, loaded.cfg, loaded.tokenizer
         elif model_config is None:
             raise ValueError("an in-memory model needs model_config as well as params")

@@ -31,6 +31,7 @@ from radixjax.engine.draft_model import DraftModel
 from radixjax.engine.errors import EngineError, RequestError
 from radixjax.engine.handoff import KVHandoff, MakeHandoff
 from radixjax.engine.inputs import Prompt, batch_inputs, final_output
+from radixjax.engine.load_form import in_blocks
 from radixjax.engine.memory import FALLBACK_CONTEXT, FALLBACK_POOL, available_bytes, sized
 from radixjax.engine.output import GenerateOutput, StreamChunk
 from radixjax.engine.request import Req
@@ -38,7 +39,7 @@ from radixjax.engine.scheduler import Scheduler
 from radixjax.engine.snapshot import MAX_NODES, scheduler_snapshot
 from radixjax.engine.speculative import StepCosts
 from radixjax.grammar.backend import GrammarBackend, GrammarError
-from radixjax.loaders import blocks_servable, load_model
+from radixjax.loaders import load_model
 from radixjax.model.config import ModelConfig
 from radixjax.model.gguf_blocks import holds_blocks
 from radixjax.model.llama import kv_pool_bytes
@@ -62,13 +63,6 @@ from radixjax.runtime.model_runner import STEP_WIRE_TYPES, ModelRunner, RunnerCo
 from radixjax.sampling.params import SamplingParams
 
 T = TypeVar("T")
-
-
-def in_blocks(c: EngineConfig, model: str | Path | None) -> bool:
-    """Whether c's form for `model` (a path or name, as load_model takes it) is "gguf":
-    its matrices loaded and multiplied in their GGUF blocks."""
-    gguf = blocks_servable(model)
-    return serving_form(c, jax.default_backend(), gguf=gguf).quantization == "gguf"
 
 
 def runner_config_for(c: EngineConfig, dp_ranks: int = 1, mla: bool = False,
