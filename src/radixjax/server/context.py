@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ from radixjax.server.limits import (
     read_body,
 )
 from radixjax.server.metrics import ServerMetrics
+
+log = logging.getLogger(__name__)
 
 Emit = Callable[[int, StreamChunk], Awaitable[None]]  # (sample index, chunk)
 
@@ -78,9 +81,11 @@ def sse(obj: Any) -> bytes:
 
 
 def sse_stream(produce: Callable[[Callable[[Any], None]], Awaitable[None]],
-               ticket: Ticket, first: list[Any] = ()) -> StreamingResponse:
+               ticket: Ticket, metrics: ServerMetrics, first: list[Any] = ()) -> StreamingResponse:
     """A stream of server-sent events: `first` bodies, then what produce(put) puts as
-    the requests run (an APIError becomes an error event), then [DONE]. A client that
+    the requests run, then [DONE]. An APIError becomes its error event; any other
+    exception (a parser's bug, a malformed peer reply) an internal_error event, logged
+    and counted, so the client still gets [DONE] and the ticket goes back. A client that
     goes away cancels produce (its requests abort); the ticket is released at the end."""
     async def body() -> AsyncIterator[bytes]:
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
@@ -92,6 +97,11 @@ def sse_stream(produce: Callable[[Callable[[Any], None]], Awaitable[None]],
                 await produce(lambda obj: queue.put_nowait(sse(obj)))
             except APIError as e:
                 queue.put_nowait(sse(e.body()))
+            except Exception as e:  # noqa: BLE001 (cancellation is not an Exception)
+                log.exception("a stream failed")
+                metrics.on_internal_error()
+                queue.put_nowait(sse(APIError(500, f"internal error: {type(e).__name__}: {e}",
+                                              type_="internal_error").body()))
             queue.put_nowait(None)
 
         task = asyncio.create_task(run())

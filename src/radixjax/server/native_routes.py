@@ -60,7 +60,7 @@ def native_routes(ctx: ServerContext) -> list[Route]:
 
             await asyncio.gather(*(run(k, emit) for k in range(len(batch.items))))
 
-        return sse_stream(produce, ticket)
+        return sse_stream(produce, ticket, ctx.metrics)
 
     async def abort_request(request: Request) -> Response:
         """{"rid": ...} ends that request (finish_reason abort); the rids of n > 1

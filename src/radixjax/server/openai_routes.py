@@ -121,7 +121,7 @@ def openai_routes(ctx: ServerContext) -> list[Route]:
                           "logprobs": None}]} for i in range(p.n)]
         else:
             first = []
-        return sse_stream(produce, ticket, first)
+        return sse_stream(produce, ticket, ctx.metrics, first)
 
     def endpoint(is_chat: bool) -> Callable:
         parse = parse_chat if is_chat else parse_completion
