@@ -84,7 +84,6 @@ def _block_m(m: int) -> int:
 @functools.partial(jax.jit, static_argnames=("form", "n", "k", "interpret"))
 def _matmul(x, codes, hi, d, s, dm, mn, *, form: Form, n: int, k: int,
             interpret: bool | None) -> jax.Array:
-    spec = form
     m = x.shape[0]
     block_m = _block_m(m)
     mp, np_ = -(-m // block_m) * block_m, codes.shape[0]
@@ -95,8 +94,8 @@ def _matmul(x, codes, hi, d, s, dm, mn, *, form: Form, n: int, k: int,
     operands = (xp, codes, hi, d, s, dm, mn)
     present = [a for a in operands if a is not None]
     kernel = functools.partial(
-        _kernel, bits=spec.bits, group=spec.group, per_sblock=spec.sblock // spec.group,
-        off=spec.off, num_groups=k // spec.group, block_m=block_m, block_n=BLOCK_N)
+        _kernel, bits=form.bits, group=form.group, per_sblock=form.sblock // form.group,
+        off=form.off, num_groups=k // form.group, block_m=block_m, block_n=BLOCK_N)
 
     def with_absent(*refs):  # the kernel takes None for an absent plane
         it = iter(refs[:-1])

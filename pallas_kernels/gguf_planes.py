@@ -168,29 +168,35 @@ def _decode(raw: np.ndarray, qtype: int) -> tuple:
     return codes, d, s, dm, mn
 
 
+def fits(form: Form, k: int) -> bool:
+    """Whether rows of k values have planes in `form`: whole super-blocks, and whole
+    pairs of groups (the nibble plane) or quads (the high plane of 5 and 6 bits)."""
+    per = (4 if form.bits in (5, 6) else 2) * form.group
+    return k % form.sblock == 0 and k % per == 0
+
+
 def _convert(p: Parts, src: Form, dst: Form) -> Parts:
     """Parts of form src -> the same weights (bit for bit) in form dst."""
-    def per(a: np.ndarray | None, ratio: int, fill: int | None, dtype) -> np.ndarray | None:
-        if a is None:
-            return None if fill is None else np.full(
-                (n, p.codes.shape[1] // (dst.group if dtype == np.int8 else dst.sblock)),
-                fill, dtype)
-        return np.repeat(a, ratio, axis=1)
+    n, k = p.codes.shape
 
-    n = p.codes.shape[0]
+    def per(a: np.ndarray | None, size: int, fill: int | None, dtype) -> np.ndarray | None:
+        """A field per `size` values in src -> per `size` values in dst (absent: fill)."""
+        width = k // size
+        if a is None:
+            return None if fill is None else np.full((n, width), fill, dtype)
+        return np.repeat(a, width // a.shape[1], axis=1)
+
     codes = (p.codes.astype(np.int16) + (dst.off - src.off)).astype(np.uint8)
-    g, sb = src.group // dst.group, src.sblock // dst.sblock
-    d = per(p.d, sb, None, np.float16)
-    s = per(p.s, g, 1, np.int8) if dst.scales else None
-    dm = per(p.dm, sb, 0, np.float16) if dst.mins else None
-    mn = per(p.mn, g, 1 if src.mins == 1 else 0, np.int8) if dst.mins == 2 else None
+    d = per(p.d, dst.sblock, None, np.float16)
+    s = per(p.s, dst.group, 1, np.int8) if dst.scales else None
+    dm = per(p.dm, dst.sblock, 0, np.float16) if dst.mins else None
+    mn = per(p.mn, dst.group, 1 if src.mins == 1 else 0, np.int8) if dst.mins == 2 else None
     return Parts(codes, d, s, dm, mn)
 
 
 def _encode(p: Parts, form: Form) -> Planes:
     n, k = p.codes.shape
-    per = 4 * form.group if form.bits in (5, 6) else 2 * form.group
-    if k % form.sblock or k % per:
+    if not fits(form, k):
         raise ValueError(f"K = {k} does not fit the form {form}'s planes")
     c = p.codes.reshape(n, k // form.group, form.group)  # [N, groups, G]
     hi = None

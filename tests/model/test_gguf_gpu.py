@@ -27,6 +27,15 @@ def _logits(runner, ids: np.ndarray) -> np.ndarray:
         [RequestSlice(ids, np.arange(1, 1 + len(ids), dtype=np.int32))], runner.buckets))
 
 
+def _assert_equals_float32(planes, f32, ids: np.ndarray) -> None:
+    """A prompt's logits through the planes (interpreted kernel) against float32's."""
+    kw = dict(max_batch_tokens=16, num_slots=64)
+    got = _logits(tiny_runner(planes.cfg, planes.params, quantization="gguf", **kw), ids)
+    ref = _logits(tiny_runner(f32.cfg, f32.params, quantization="none", **kw), ids)
+    assert rel_err(got, ref) < 1e-4
+    np.testing.assert_array_equal(got.argmax(-1), ref.argmax(-1))
+
+
 @pytest.fixture(scope="module")
 def smollm2_planes():
     return load_model(None, load_tokenizer=False, gguf_blocks="planes")
@@ -39,12 +48,7 @@ def test_smollm2_as_planes_equals_float32(smollm2, smollm2_planes) -> None:
                for n in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"))
     ids = np.asarray(smollm2.tokenizer("def fib(n):\n    return n if n < 2 else").input_ids,
                      np.int32)
-    got = _logits(tiny_runner(m.cfg, m.params, quantization="gguf", max_batch_tokens=16,
-                              num_slots=64), ids)
-    ref = _logits(tiny_runner(smollm2.cfg, smollm2.params, quantization="none",
-                              max_batch_tokens=16, num_slots=64), ids)
-    assert rel_err(got, ref) < 1e-4
-    np.testing.assert_array_equal(got.argmax(-1), ref.argmax(-1))
+    _assert_equals_float32(m, smollm2, ids)
 
 
 def test_gemma3_layers_of_two_types_stack_in_one_form() -> None:
@@ -55,14 +59,8 @@ def test_gemma3_layers_of_two_types_stack_in_one_form() -> None:
              for name in ("wv", "w_down")}
     assert all(len(f) == 2 for f in forms.values()), forms
     assert FORMS[12] in forms["w_down"] and FORMS[14] in forms["w_down"]  # Q4_K, Q6_K
-    ref_m = load_model("gemma3-270m", load_tokenizer=False)
-    ids = np.arange(100, 116, dtype=np.int32)
-    got = _logits(tiny_runner(m.cfg, m.params, quantization="gguf", max_batch_tokens=16,
-                              num_slots=64), ids)
-    ref = _logits(tiny_runner(ref_m.cfg, ref_m.params, quantization="none",
-                              max_batch_tokens=16, num_slots=64), ids)
-    assert rel_err(got, ref) < 1e-4
-    np.testing.assert_array_equal(got.argmax(-1), ref.argmax(-1))
+    _assert_equals_float32(m, load_model("gemma3-270m", load_tokenizer=False),
+                           np.arange(100, 116, dtype=np.int32))
 
 
 def test_forward_in_planes_lowers_for_cuda(smollm2_planes) -> None:

@@ -25,7 +25,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels.gguf_matmul import gguf_matmul, pad_rows
-from pallas_kernels.gguf_planes import FORMS, Planes, common_form, dequantize, to_form, to_planes
+from pallas_kernels.gguf_planes import (
+    FORMS,
+    Planes,
+    common_form,
+    dequantize,
+    fits,
+    to_form,
+    to_planes,
+)
 
 
 @jax.tree_util.register_dataclass
@@ -53,9 +61,7 @@ class PlanesWeight:
 
 def has_planes(qtype: int, k: int) -> bool:
     """Whether a [N, k] matrix of GGML type qtype has planes (and the kernel a form)."""
-    form = FORMS.get(qtype)
-    per = 4 * form.group if form and form.bits in (5, 6) else 2 * (form.group if form else 1)
-    return form is not None and k % form.sblock == 0 and k % per == 0
+    return qtype in FORMS and fits(FORMS[qtype], k)
 
 
 def from_blocks(raw: np.ndarray, qtype: int, k: int) -> PlanesWeight:
